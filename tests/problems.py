@@ -1,0 +1,93 @@
+"""Test problems shared across test files (float64)."""
+import json
+import math
+import pathlib
+
+import numpy as np
+import torch
+
+import torchgeo_int as tgi
+
+DATA = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "data"
+
+
+def kepler_initial(e, dtype=torch.float64):
+    q0 = torch.tensor([1.0 - e, 0.0], dtype=dtype)
+    p0 = torch.tensor([0.0, math.sqrt((1.0 + e) / (1.0 - e))], dtype=dtype)
+    return q0, p0
+
+
+def kepler_energy(q, p):
+    return 0.5 * (p * p).sum(-1) - 1.0 / q.norm(dim=-1)
+
+
+def kepler(separable=True, analytic=False):
+    """H = |p|²/2 − 1/|q| as a SeparableHamiltonian (explicit paths) or a generic Hamiltonian."""
+    if not separable:
+        grad = (lambda q, p: (q / q.norm(dim=-1, keepdim=True) ** 3, p)) if analytic else None
+        return tgi.Hamiltonian(kepler_energy, grad=grad)
+    if analytic:
+        return tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: -1.0 / q.norm(dim=-1),
+                                        kinetic_grad=lambda p: p,
+                                        potential_grad=lambda q: q / q.norm(dim=-1, keepdim=True) ** 3)
+    return tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: -1.0 / q.norm(dim=-1))
+
+
+_REF = {}
+
+
+def kepler_reference(e, T):
+    """(q, p) at time T from scipy's DOP853 at rtol = atol = 1e-13."""
+    key = (e, T)
+    if key not in _REF:
+        from scipy.integrate import solve_ivp
+
+        q0, p0 = kepler_initial(e)
+
+        def f(t, y):
+            q, p = y[:2], y[2:]
+            return np.concatenate([p, -q / np.linalg.norm(q) ** 3])
+
+        sol = solve_ivp(f, (0.0, T), np.concatenate([q0.numpy(), p0.numpy()]), method="DOP853",
+                        rtol=1e-13, atol=1e-13)
+        y = torch.tensor(sol.y[:, -1])
+        _REF[key] = (y[:2], y[2:])
+    return _REF[key]
+
+
+def pendulum_nonseparable():
+    """H = |p|²/2 + (1 − cos q)(1 + 0.3|p|²): non-separable (the issue's symplecticity test)."""
+    return tgi.Hamiltonian(lambda q, p: 0.5 * (p * p).sum(-1)
+                           + (1.0 - torch.cos(q)).sum(-1) * (1.0 + 0.3 * (p * p).sum(-1)))
+
+
+def outer_solar_system():
+    """HLW I.2.3: (system, q0, p0) with q, p of shape (6, 3) in AU, solar masses and days."""
+    data = json.loads((DATA / "outer_solar_system.json").read_text())
+    G = data["G"]
+    m = torch.tensor(data["mass"])
+    q0 = torch.tensor(data["position"])
+    p0 = m[:, None] * torch.tensor(data["velocity"])
+    i, j = torch.triu_indices(len(m), len(m), 1)
+    mm = G * m[i] * m[j]
+
+    def kinetic(p):
+        return ((p * p).sum(-1) / (2 * m)).sum(-1)
+
+    def potential(q):
+        d = (q[..., i, :] - q[..., j, :]).norm(dim=-1)
+        return -(mm / d).sum(-1)
+
+    def potential_grad(q):
+        # ∂V/∂q_i = Σ_j G m_i m_j (q_i − q_j)/|q_i − q_j|³, all pairs at once (6 bodies).
+        diff = q[..., :, None, :] - q[..., None, :, :]
+        r2 = (diff * diff).sum(-1) + torch.eye(len(m))  # the 1 on the diagonal avoids 0/0
+        w = G * m[:, None] * m[None, :] * (1.0 - torch.eye(len(m))) / r2 ** 1.5
+        return (w[..., None] * diff).sum(-2)
+
+    def kinetic_grad(p):
+        return p / m[:, None]
+
+    system = tgi.SeparableHamiltonian(kinetic, potential, kinetic_grad=kinetic_grad,
+                                      potential_grad=potential_grad)
+    return system, q0, p0

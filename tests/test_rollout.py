@@ -1,0 +1,140 @@
+"""rollout: shapes, gradients, errors, long-time energy behaviour."""
+import math
+
+import pytest
+import torch
+
+import torchgeo_int as tgi
+from problems import kepler, kepler_energy, kepler_initial, outer_solar_system, pendulum_nonseparable
+
+
+def test_shapes_save_every_and_batch_dims():
+    system = kepler(separable=True, analytic=True)
+    q0, p0 = kepler_initial(0.5)
+    q0, p0 = q0.expand(3, 5, 2).clone(), p0.expand(3, 5, 2).clone()
+    with torch.no_grad():
+        q, p = tgi.rollout(system, q0, p0, h=0.01, steps=100, method="verlet", save_every=7)
+    assert q.shape == (100 // 7 + 1, 3, 5, 2) and p.shape == q.shape
+    assert torch.equal(q[0], q0)
+    with torch.no_grad():
+        qf, pf = tgi.rollout(system, q0, p0, h=0.01, steps=98, method="verlet")
+    assert torch.allclose(q[-1], qf[-1], atol=1e-14)  # save 14 is step 98
+
+
+def test_negative_h_integrates_backwards():
+    system = kepler(separable=True, analytic=True)
+    q0, p0 = kepler_initial(0.5)
+    with torch.no_grad():
+        q, p = tgi.rollout(system, q0, p0, h=0.01, steps=50, method="yoshida4")
+        qb, pb = tgi.rollout(system, q[-1], p[-1], h=-0.01, steps=50, method="yoshida4", t0=0.5)
+    assert torch.allclose(qb[-1], q0, atol=1e-12) and torch.allclose(pb[-1], p0, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["verlet", "implicit_midpoint", "yoshida4"])
+def test_gradients_to_initial_state_and_parameters(method):
+    """d(loss)/d(q0, p0, θ) through a rollout equals finite differences (float64)."""
+    k = torch.tensor(1.3, requires_grad=True)
+    system = tgi.Hamiltonian(lambda q, p: 0.5 * (p * p).sum(-1) + k * (1 - torch.cos(q)).sum(-1)
+                             + 0.1 * (q * p).sum(-1) ** 2)
+    q0 = torch.tensor([[0.3, -0.2]], requires_grad=True)
+    p0 = torch.tensor([[0.1, 0.4]], requires_grad=True)
+
+    def loss(q0, p0, k_):
+        with torch.no_grad():
+            k.copy_(k_)
+        q, p = tgi.rollout(system, q0, p0, h=0.1, steps=8, method=method)
+        return (q ** 2).sum() + (p ** 3).sum()
+
+    kval = k.detach().clone()
+    L = loss(q0, p0, kval)
+    gq, gp, gk = torch.autograd.grad(L, (q0, p0, k))
+    eps = 1e-6
+    for base, g, idx in [(q0, gq, (0, 1)), (p0, gp, (0, 0))]:
+        d = torch.zeros_like(base)
+        d[idx] = eps
+        with torch.no_grad():
+            args_p = [q0 + d, p0] if base is q0 else [q0, p0 + d]
+            args_m = [q0 - d, p0] if base is q0 else [q0, p0 - d]
+        fd = ((loss(*args_p, kval) - loss(*args_m, kval)) / (2 * eps)).detach()
+        assert abs(float(fd) - float(g[idx].detach())) < 1e-6 * max(1.0, abs(float(fd)))
+    fd = ((loss(q0, p0, kval + eps) - loss(q0, p0, kval - eps)) / (2 * eps)).detach()
+    assert abs(float(fd) - float(gk.detach())) < 1e-6 * max(1.0, abs(float(fd)))
+
+
+def test_gradcheck_implicit_midpoint_step():
+    system = pendulum_nonseparable()
+    m = tgi.METHODS["implicit_midpoint"]
+    q0 = torch.tensor([0.3, -0.2], requires_grad=True)
+    p0 = torch.tensor([0.1, 0.4], requires_grad=True)
+    assert torch.autograd.gradcheck(lambda q, p: m(system, q, p, 0.0, 0.2), (q0, p0))
+
+
+def test_float32_rollout():
+    system = kepler(separable=True)
+    q0, p0 = kepler_initial(0.5, dtype=torch.float32)
+    for method in ("verlet", "implicit_midpoint", "yoshida4"):
+        with torch.no_grad():
+            q, p = tgi.rollout(system, q0, p0, h=0.01, steps=300, method=method)
+        assert q.dtype == torch.float32
+        dE = (kepler_energy(q, p) - kepler_energy(q0, p0)).abs().max()
+        assert float(dE) < 1e-3
+
+
+def test_callable_hamiltonian_and_integrator_instance():
+    q0, p0 = torch.tensor([0.5]), torch.tensor([0.0])
+    with torch.no_grad():
+        a = tgi.rollout(lambda q, p: 0.5 * (p * p + q * q).sum(-1), q0, p0, h=0.1, steps=10,
+                        method=tgi.CotangentLiftIntegrator(tgi.AlphaMap(0.5)))
+        b = tgi.rollout(tgi.Hamiltonian(lambda q, p: 0.5 * (p * p + q * q).sum(-1)), q0, p0, h=0.1,
+                        steps=10, method="implicit_midpoint")
+    assert torch.allclose(a[0], b[0], atol=1e-14)
+
+
+def test_bad_input_raises_clearly():
+    system = kepler(separable=True)
+    q0, p0 = kepler_initial(0.5)
+    with pytest.raises(ValueError, match="unknown method.*verlet"):
+        tgi.rollout(system, q0, p0, h=0.1, steps=1, method="leapfrog9")
+    with pytest.raises(ValueError, match="NaN"):
+        tgi.rollout(system, torch.tensor([float("nan"), 0.0]), p0, h=0.1, steps=1)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        tgi.rollout(system, [1.0, 0.0], p0, h=0.1, steps=1)
+    with pytest.raises(ValueError, match="same shape"):
+        tgi.rollout(system, q0, torch.zeros(3), h=0.1, steps=1)
+    with pytest.raises(ValueError, match="step size"):
+        tgi.rollout(system, q0, p0, h=0.0, steps=1)
+    with pytest.raises(ValueError, match="steps"):
+        tgi.rollout(system, q0, p0, h=0.1, steps=-1)
+    with pytest.raises(TypeError, match="System"):
+        tgi.rollout(3, q0, p0, h=0.1, steps=1)
+
+
+def test_nonconvergent_implicit_step_names_the_step():
+    # Stiff oscillator ω = 10: the midpoint fixed point contracts by hω/2 = 2.5 > 1.
+    system = tgi.Hamiltonian(lambda q, p: 0.5 * (p * p).sum(-1) + 50.0 * (q * q).sum(-1))
+    with pytest.raises(tgi.ConvergenceError, match=r"step 0.*did not converge.*tolerance"):
+        with torch.no_grad():
+            tgi.rollout(system, torch.tensor([1.0]), torch.tensor([0.0]), h=0.5, steps=5,
+                        method="implicit_midpoint")
+
+
+def test_rollout_that_blows_up_says_where():
+    system = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: -(q ** 4).sum(-1))
+    with pytest.raises(FloatingPointError, match="non-finite between step"):
+        with torch.no_grad():
+            tgi.rollout(system, torch.tensor([2.0]), torch.tensor([0.0]), h=0.5, steps=200,
+                        method="verlet", check_every=16)
+
+
+def test_outer_solar_system_energy_bounded():
+    """HLW I.2.3, h = 10 days over 2·10⁵ days: verlet ≲ 1e-5, yoshida4 ≲ 1e-8 relative."""
+    system, q0, p0 = outer_solar_system()
+    E0 = system.energy(q0, p0)
+    for method, bound in [("verlet", 1e-5), ("yoshida4", 1e-8)]:
+        with torch.no_grad():
+            q, p = tgi.rollout(system, q0, p0, h=10.0, steps=20_000, method=method, save_every=20)
+        rel = ((system.energy(q, p) - E0) / E0).abs()
+        assert float(rel.max()) < bound, (method, float(rel.max()))
+        # bounded, not drifting: the last quarter is no worse than the first quarter
+        quarter = len(rel) // 4
+        assert float(rel[-quarter:].max()) < 2.0 * float(rel[:quarter].max())

@@ -1,0 +1,23 @@
+"""torchgeo_int: geometric integrators for PyTorch, built from discretization maps.
+
+Data flows one way: maps → lifts → integrators → rollout/odeint → nn.
+"""
+from .maps import (AdjointMap, AlphaMap, BackwardEulerMap, DiscretizationMap, ForwardEulerMap,
+                   MidpointMap, RetractionMap)
+from .lifts import CotangentLift, TangentLift
+from .solvers import ConvergenceError, default_tol, fixed_point, newton
+from .systems import Hamiltonian, ODESystem, SeparableHamiltonian, System, VectorFieldSystem
+from .integrators import (METHODS, TABLES, CoefficientTable, Composition, CotangentLiftIntegrator,
+                          Integrator, get_method)
+from .rollout import rollout
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DiscretizationMap", "AlphaMap", "ForwardEulerMap", "MidpointMap", "BackwardEulerMap",
+    "RetractionMap", "AdjointMap", "TangentLift", "CotangentLift",
+    "fixed_point", "newton", "ConvergenceError", "default_tol",
+    "System", "Hamiltonian", "SeparableHamiltonian", "VectorFieldSystem", "ODESystem",
+    "Integrator", "CotangentLiftIntegrator", "Composition", "CoefficientTable", "TABLES",
+    "METHODS", "get_method", "rollout",
+]

@@ -1,0 +1,41 @@
+"""Input checks shared by every module: fail loudly with a message that says what was wrong."""
+from __future__ import annotations
+
+import torch
+
+
+def check_tensor(x, name: str, *, min_dim: int = 1) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() < min_dim:
+        raise ValueError(f"{name} must have at least {min_dim} dim(s) (batch dims lead, "
+                         f"coordinates last), got shape {tuple(x.shape)}")
+    if not (x.is_floating_point() or x.is_complex()):
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    return x
+
+
+def check_pair(a, b, names: tuple[str, str]) -> None:
+    """Two points of the same space: tensors of one shape, dtype and device."""
+    check_tensor(a, names[0])
+    check_tensor(b, names[1])
+    if a.shape != b.shape:
+        raise ValueError(f"{names[0]} and {names[1]} must have the same shape, "
+                         f"got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"{names[0]} and {names[1]} must have the same dtype, got {a.dtype} and {b.dtype}")
+    if a.device != b.device:
+        raise ValueError(f"{names[0]} and {names[1]} are on different devices: {a.device} and {b.device}")
+
+
+def check_finite(x: torch.Tensor, name: str) -> None:
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} contains NaN or inf")
+
+
+def check_even_last_dim(x: torch.Tensor, name: str) -> int:
+    m = x.shape[-1]
+    if m % 2:
+        raise ValueError(f"{name} is a point of a tangent/cotangent bundle, cat([q, v|p], -1): "
+                         f"its last dim must be even, got {m}")
+    return m // 2

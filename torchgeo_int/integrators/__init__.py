@@ -1,0 +1,38 @@
+"""Named integrators (``METHODS``) and the classes that build them."""
+from __future__ import annotations
+
+from ..maps import AlphaMap
+from .base import Integrator
+from .composition import TABLES, CoefficientTable, Composition
+from .cotangent import CotangentLiftIntegrator
+
+
+def _build_methods() -> dict[str, Integrator]:
+    se = CotangentLiftIntegrator(AlphaMap(0.0), name="symplectic_euler")
+    se_adj = CotangentLiftIntegrator(AlphaMap(1.0), name="symplectic_euler_adjoint")
+    mid = CotangentLiftIntegrator(AlphaMap(0.5), name="implicit_midpoint")
+    verlet = Composition([se, se_adj], [0.5, 0.5], order=2, name="verlet")
+    methods: dict[str, Integrator] = {m.name: m for m in (se, se_adj, mid, verlet)}
+    for table in TABLES.values():
+        methods[table.name] = Composition(verlet, table.gammas, order=table.order, name=table.name)
+        name = f"implicit_midpoint_{table.name}"
+        methods[name] = Composition(mid, table.gammas, order=table.order, name=name)
+    return methods
+
+
+#: Every named method: ``METHODS[name].order / .symplectic / .symmetric``.
+METHODS: dict[str, Integrator] = _build_methods()
+
+
+def get_method(method) -> Integrator:
+    """An Integrator from a name in METHODS or an Integrator instance."""
+    if isinstance(method, Integrator):
+        return method
+    if isinstance(method, str) and method in METHODS:
+        return METHODS[method]
+    raise ValueError(f"unknown method {method!r}; known methods: {', '.join(sorted(METHODS))}, "
+                     "or pass an Integrator (e.g. CotangentLiftIntegrator(AlphaMap(0.3)))")
+
+
+__all__ = ["METHODS", "Integrator", "CotangentLiftIntegrator", "Composition", "CoefficientTable",
+           "TABLES", "get_method"]

@@ -1,0 +1,61 @@
+"""The integrator protocol: a small object that declares its properties and takes one step.
+
+``step(system, q, p, t, h, cache) -> (q, p, cache)``: ``cache`` carries what the next step can
+reuse (the last force for FSAL kick–drift methods, the last stage derivative as the warm start of
+an implicit solve); pass ``None`` on the first step.  The loop over steps is written once, in
+``torchgeo_int.rollout``.
+"""
+from __future__ import annotations
+
+
+class Integrator:
+    name: str = "integrator"
+    order: int = 1
+    symplectic: bool = True
+    symmetric: bool = False
+
+    def step(self, system, q, p, t: float, h: float, cache=None):
+        raise NotImplementedError
+
+    def __call__(self, system, q, p, t: float = 0.0, h: float = 0.01):
+        """One step from (q, p) at time t; returns (q, p)."""
+        q1, p1, _ = self.step(system, q, p, t, h)
+        return q1, p1
+
+    def adjoint(self) -> "Integrator":
+        """Φ*_h = Φ_{−h}⁻¹."""
+        raise NotImplementedError
+
+    def splitting(self):
+        """``(kicks, drifts)`` when the method is an explicit kick/drift sequence on separable
+        systems (see ``run_splitting``), else ``None``."""
+        return None
+
+    def stages(self):
+        """The method as a list of (primitive method, step fraction) — itself for a primitive."""
+        return [(self, 1.0)]
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(name={self.name!r}, order={self.order}, "
+                f"symplectic={self.symplectic}, symmetric={self.symmetric})")
+
+
+def run_splitting(kicks, drifts, system, q, p, t, h, force=None):
+    r"""K(a₀h) D(b₀h) K(a₁h) … D(b_{s−1}h) K(a_s h) on a separable system:
+    a kick is p ← p + a h F(q, t) at the current time, a drift q ← q + b h ∂T/∂p(p, t + bh/2)
+    (∂T/∂p at the drift's midpoint time, exact when T does not depend on t) that advances t.
+    ``force`` is F at (q, t) if already known (FSAL); the force at the final state is returned
+    when the last kick needs it, so a chain of steps costs one force evaluation per nonzero kick
+    after the first step."""
+    for a, b in zip(kicks, drifts):
+        if a != 0.0:
+            if force is None:
+                force = system.force(q, t)
+            p = p + (a * h) * force
+        q = q + (b * h) * system.velocity(p, t + 0.5 * b * h)
+        t = t + b * h
+        force = None
+    if kicks[-1] != 0.0:
+        force = system.force(q, t)
+        p = p + (kicks[-1] * h) * force
+    return q, p, force

@@ -1,0 +1,155 @@
+r"""Composition methods, Sect. 6 of the seed paper and Hairer–Lubich–Wanner (HLW) Sect. V.3.
+
+Φ_h = Φ^{(s)}_{γ_s h} ∘ … ∘ Φ^{(1)}_{γ_1 h}.  Composing the α = 0 and α = 1 cotangent-lift methods
+at h/2 gives Störmer–Verlet (the composition of their Lagrangian submanifolds); composing a
+symmetric order-2 method with Σγ = 1, Σγ³ = 0 and palindromic γ gives order 4, and the tables
+below reach 6 and 8.  On separable systems a composition of kick/drift methods is run as one
+merged kick/drift sequence: adjacent kicks fuse, so the last force of a step is the first of the
+next (FSAL) and an s-stage Verlet composition costs s force evaluations per step.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .base import Integrator, run_splitting
+
+
+@dataclass(frozen=True)
+class CoefficientTable:
+    """Palindromic composition coefficients of a symmetric order-2 base method."""
+
+    name: str
+    order: int
+    gammas: tuple[float, ...]
+    reference: str
+
+    def __post_init__(self):
+        g = self.gammas
+        if abs(math.fsum(g) - 1.0) > 1e-14:
+            raise ValueError(f"{self.name}: coefficients sum to {math.fsum(g)!r}, not 1")
+        if any(abs(a - b) > 0.0 for a, b in zip(g, reversed(g))):
+            raise ValueError(f"{self.name}: coefficients are not palindromic")
+        if self.order >= 4 and abs(math.fsum(x ** 3 for x in g)) > 1e-13:
+            raise ValueError(f"{self.name}: Σγ³ = {math.fsum(x ** 3 for x in g)!r} ≠ 0")
+
+
+def _palindrome(half: list[float], tabulated_middle: float | None = None) -> tuple[float, ...]:
+    """(γ₁, …, γ_m, γ₀, γ_m, …, γ₁) with the middle set to 1 − 2Σγᵢ so that Σγ = 1 exactly;
+    a tabulated middle is checked against it."""
+    middle = 1.0 - 2.0 * math.fsum(half)
+    if tabulated_middle is not None and abs(middle - tabulated_middle) > 1e-14:
+        raise ValueError(f"tabulated middle coefficient {tabulated_middle} ≠ 1 − 2Σγ = {middle}")
+    return tuple(half) + (middle,) + tuple(reversed(half))
+
+
+_c2, _c4 = 2.0 ** (1 / 3), 4.0 ** (1 / 3)
+TABLES: dict[str, CoefficientTable] = {t.name: t for t in [
+    CoefficientTable("yoshida4", 4, _palindrome([1 / (2 - _c2)]),
+                     "triple jump: Yoshida, Phys. Lett. A 150 (1990); Suzuki (1990); HLW (V.3.5)"),
+    CoefficientTable("suzuki4", 4, _palindrome([1 / (4 - _c4)] * 2),
+                     "Suzuki, Phys. Lett. A 146 (1990), 5-stage fractal; HLW (V.3.6)"),
+    CoefficientTable("yoshida6", 6, _palindrome(
+        [0.78451361047755726382, 0.23557321335935813368, -1.1776799841788710069], 1.3151863206839112189),
+        "Yoshida (1990), Table 1, solution A (7 stages)"),
+    CoefficientTable("yoshida8", 8, _palindrome(
+        [0.914844246229740, 0.253693336566229, -1.44485223686048, -0.158240635368243,
+         1.93813913762276, -1.96061023297549, 0.102799849391985]),
+        "Yoshida (1990), Table 2, solution D (15 stages); 15 published digits"),
+    CoefficientTable("kahan_li6", 6, _palindrome(
+        [0.39216144400731413928, 0.33259913678935943860, -0.70624617255763935981,
+         0.082213596293550800230], 0.79854399093482996340),
+        "Kahan & Li, Math. Comp. 66 (1997), s9odr6a (9 stages); HLW (V.3.11)"),
+    CoefficientTable("kahan_li8", 8, _palindrome(
+        [0.13020248308889008088, 0.56116298177510838456, -0.38947496264484728641,
+         0.15884190655515560090, -0.39590389413323757734, 0.18453964097831570709,
+         0.25837438768632204729, 0.29501172360931029887], -0.60550853383003451170),
+        "Kahan & Li (1997), s17odr8a (17 stages); HLW (V.3.13)"),
+]}
+
+
+def _merge(ops):
+    """Fuse a list of ('K', a) / ('D', b) into alternating kicks/drifts, K first and last."""
+    kicks, drifts = [0.0], []
+    for kind, c in ops:
+        if kind == "K":
+            kicks[-1] += c
+        elif drifts and kicks[-1] == 0.0:
+            drifts[-1] += c          # two drifts with no kick between are one drift
+        else:
+            drifts.append(c)
+            kicks.append(0.0)
+    return tuple(kicks), tuple(drifts)
+
+
+class Composition(Integrator):
+    """Φ_{γ_s h} ∘ … ∘ Φ_{γ_1 h} of integrators ``methods`` (one method or a list, applied first
+    to last) with step fractions ``gammas``.
+
+    ``order`` defaults to what the order conditions guarantee: the base order if Σγ = 1, raised
+    to 4 for a palindromic composition of symmetric order-2 methods with Σγ³ = 0 (HLW Thm V.3.1).
+    """
+
+    def __init__(self, methods, gammas, *, order: int | None = None, name: str | None = None):
+        gammas = tuple(float(g) for g in gammas)
+        methods = list(methods) if isinstance(methods, (list, tuple)) else [methods] * len(gammas)
+        if len(methods) != len(gammas) or not gammas:
+            raise ValueError("need one step fraction per method (and at least one)")
+        if abs(math.fsum(gammas) - 1.0) > 1e-12:
+            raise ValueError(f"step fractions must sum to 1 (consistency), got {math.fsum(gammas)!r}")
+        self.methods, self.gammas = methods, gammas
+        # Flatten nested compositions once, so a step is a flat loop over primitive steps.
+        self._stages = [(m, g * c) for m, g in zip(methods, gammas) for m, c in m.stages()]
+        self.symplectic = all(m.symplectic for m in methods)
+        self.symmetric = self._is_symmetric()
+        base_order = min(m.order for m in methods)
+        if order is None:
+            order = base_order
+            if (self.symmetric and base_order == 2 and all(m.symmetric for m in methods)
+                    and abs(math.fsum(g ** 3 for g in gammas)) < 1e-13):
+                order = 4
+        self.order = order
+        self.name = name or f"composition({', '.join(m.name for m in methods)})"
+        self._split = self._merged_splitting()
+
+    def _is_symmetric(self) -> bool:
+        s = len(self._stages)
+        for (m, c), (m2, c2) in zip(self._stages, reversed(self._stages)):
+            if abs(c - c2) > 1e-15 or not _same(m.adjoint(), m2):
+                return False
+        return s > 0
+
+    def _merged_splitting(self):
+        ops = []
+        for m, c in self._stages:
+            sp = m.splitting()
+            if sp is None:
+                return None
+            kicks, drifts = sp
+            for a, b in zip(kicks, drifts):
+                ops += [("K", a * c), ("D", b * c)]
+            ops.append(("K", kicks[-1] * c))
+        return _merge(ops)
+
+    def splitting(self):
+        return self._split
+
+    def stages(self):
+        return list(self._stages)
+
+    def adjoint(self):
+        return Composition([m.adjoint() for m, _ in reversed(self._stages)],
+                           [c for _, c in reversed(self._stages)], order=self.order)
+
+    def step(self, system, q, p, t, h, cache=None):
+        if system.separable and self._split is not None:
+            return run_splitting(*self._split, system, q, p, t, h, cache)
+        for m, c in self._stages:
+            q, p, cache = m.step(system, q, p, t, c * h, cache)
+            t = t + c * h
+        return q, p, cache
+
+
+def _same(a, b) -> bool:
+    same = getattr(a, "same_as", None)
+    return same(b) if same is not None else a is b

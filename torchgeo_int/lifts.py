@@ -1,0 +1,101 @@
+r"""Tangent and cotangent lifts of a discretization map, Sect. 3 of the seed paper.
+
+Both lifts are discretization maps again (Props 3.2, 3.3), on TQ and T*Q respectively, whose
+points are ``cat([q, v], -1)`` / ``cat([q, p], -1)``; so they nest (``TangentLift(TangentLift(R))``)
+and feed the same integrators.  Every formula below is the coordinate form of THEORY.md §3–4.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._validate import check_even_last_dim, check_pair
+from .maps import DiscretizationMap
+
+Tensor = torch.Tensor
+
+
+def _split(x: Tensor) -> tuple[Tensor, Tensor]:
+    n = x.shape[-1] // 2
+    return x[..., :n], x[..., n:]
+
+
+class _Lift(DiscretizationMap):
+    def __init__(self, base: DiscretizationMap):
+        super().__init__()
+        if not isinstance(base, DiscretizationMap):
+            raise TypeError(f"a lift takes a DiscretizationMap, got {type(base).__name__}")
+        self.base = base
+
+    def forward(self, x, v):
+        check_pair(x, v, ("x", "v"))
+        check_even_last_dim(x, "x")
+        return self._forward(x, v)
+
+    def inverse(self, x0, x1):
+        check_pair(x0, x1, ("x0", "x1"))
+        check_even_last_dim(x0, "x0")
+        return self._inverse(x0, x1)
+
+    @property
+    def symmetric(self) -> bool:
+        return self.base.symmetric
+
+    def adjoint(self):
+        # Lifting commutes with taking adjoints (checked numerically in the tests).
+        return type(self)(self.base.adjoint())
+
+
+class TangentLift(_Lift):
+    r"""R_d^T = T R_d ∘ κ_Q : TTQ → TQ × TQ (Sect. 3.1), with κ_Q(q, v, q̇, v̇) = (q, q̇, v, v̇):
+
+        R_d^T((q, v), (q̇, v̇)) = ((R¹(q, q̇), DR¹(q, q̇)·(v, v̇)), (R²(q, q̇), DR²(q, q̇)·(v, v̇))),
+
+    a Jacobian-vector product of R_d at (q, q̇) in the direction (v, v̇).  Its inverse is exact:
+    (q, q̇) = R_d⁻¹(q₀, q₁), then (v, v̇) solves DR_d(q, q̇)·(v, v̇) = (v₀, v₁).
+    For the α-family it is the α-family on TQ (Example 3.1).
+    """
+
+    def __init__(self, base: DiscretizationMap):
+        super().__init__(base)
+        self.linear = base.linear
+
+    def _forward(self, x, xdot):
+        (q, v), (qd, vd) = _split(x), _split(xdot)
+        y0, y1 = self.base._forward(q, qd)
+        dy0, dy1 = self.base.jvp(q, qd, v, vd)
+        return torch.cat([y0, dy0], -1), torch.cat([y1, dy1], -1)
+
+    def _inverse(self, x0, x1):
+        (q0, v0), (q1, v1) = _split(x0), _split(x1)
+        q, qd = self.base._inverse(q0, q1)
+        v, vd = self.base.solve_jvp(q, qd, v0, v1)
+        return torch.cat([q, v], -1), torch.cat([qd, vd], -1)
+
+
+class CotangentLift(_Lift):
+    r"""R_d^{T*} = Φ⁻¹ ∘ R̂_d ∘ α_Q : TT*Q → T*Q × T*Q (Sect. 3.2), a symplectomorphism from
+    (TT*Q, dq∧dṗ + dq̇∧dp) to (T*Q × T*Q, pr₂*ω_Q − pr₁*ω_Q) (Props 3.3–3.5):
+
+        R_d^{T*}((q, p), (q̇, ṗ)) = ((R¹(q, q̇), −π₀), (R²(q, q̇), π₁)),
+        where (π₀, π₁)·DR_d(q, q̇) = (ṗ, p).
+
+    Inverse, eq. (7): (q, q̇) = R_d⁻¹(q₀, q₁), (p_q, p_v) = (−p₀, p₁)·DR_d(q, q̇); the result is
+    base (q, p_v), tangent (q̇, p_q).  For the α-family the weights cross (Examples 3.2–3.3):
+    ((q − αq̇, p − (1−α)ṗ), (q + (1−α)q̇, p + αṗ)).
+    """
+
+    def __init__(self, base: DiscretizationMap):
+        super().__init__(base)
+        self.linear = base.linear
+
+    def _forward(self, x, xdot):
+        (q, p), (qd, pd) = _split(x), _split(xdot)
+        y0, y1 = self.base._forward(q, qd)
+        pi0, pi1 = self.base.solve_vjp(q, qd, pd, p)
+        return torch.cat([y0, -pi0], -1), torch.cat([y1, pi1], -1)
+
+    def _inverse(self, x0, x1):
+        (q0, p0), (q1, p1) = _split(x0), _split(x1)
+        q, qd = self.base._inverse(q0, q1)
+        pq, pv = self.base.vjp(q, qd, -p0, p1)
+        return torch.cat([q, pv], -1), torch.cat([qd, pq], -1)

@@ -1,0 +1,268 @@
+r"""Discretization maps, Sect. 2 of Barbero-Liñán & Martín de Diego (FoCM 2022).
+
+A discretization map is R_d = (R¹, R²) : TM → M×M with
+
+    (i)  R_d(x, 0) = (x, x)          (ii)  D_v R²(x, 0) − D_v R¹(x, 0) = Id       (Def 2.2)
+
+so it is a local diffeomorphism near the zero section (Prop 2.1) and R_d⁻¹(x₀, x₁) exists for
+nearby points.  Points are tensors ``(..., m)``: batch dims lead, coordinates are the last dim, and
+every map acts on each sample independently.
+
+Besides ``forward``/``inverse`` a map offers the linear algebra its lifts need (Sect. 3): the
+Jacobian DR_d(x, v), Jacobian-vector and vector-Jacobian products, and solves with DR_d and DR_dᵀ.
+The base class implements them with ``torch.func`` and batched dense solves (no Jacobian over the
+batch); ``AlphaMap`` overrides them in closed form.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ._validate import check_pair
+
+Tensor = torch.Tensor
+
+
+class DiscretizationMap(nn.Module):
+    r"""Base class: ``forward(x, v) -> (x0, x1)``, ``inverse(x0, x1) -> (x, v)``.
+
+    Subclasses implement ``_forward`` (and ideally ``_inverse``); the public methods validate input.
+    The default inverse is a batched Newton iteration on R_d(x, v) = (x₀, x₁) started at the
+    midpoint guess ((x₀ + x₁)/2, x₁ − x₀), differentiable through the solver's implicit backward.
+    """
+
+    #: True when DR_d does not depend on the base point (x, v): lifts then use closed forms.
+    linear: bool = False
+
+    # -- the map ------------------------------------------------------------------------------
+    def forward(self, x: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        check_pair(x, v, ("x", "v"))
+        return self._forward(x, v)
+
+    def inverse(self, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
+        check_pair(x0, x1, ("x0", "x1"))
+        return self._inverse(x0, x1)
+
+    def _forward(self, x: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def _inverse(self, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
+        from .solvers import newton  # solvers does not import maps; the late import keeps it light
+
+        def residual(z):
+            y0, y1 = self._forward(*z)
+            return (y0 - x0, y1 - x1)
+
+        return newton(residual, ((x0 + x1) / 2, x1 - x0), max_iter=self.newton_max_iter)
+
+    newton_max_iter: int = 50
+
+    # -- structure ----------------------------------------------------------------------------
+    @property
+    def symmetric(self) -> bool:
+        """Whether R_d* = R_d (Def 2.3); the integrators built from it are then symmetric."""
+        return False
+
+    def adjoint(self) -> "DiscretizationMap":
+        r"""R_d* = I_M ∘ R_d ∘ (−Id_TM): (x, v) ↦ (R²(x, −v), R¹(x, −v)) (Prop 2.5)."""
+        return AdjointMap(self)
+
+    def check(self, x: Tensor) -> dict[str, float]:
+        """Residuals of Def 2.2 at the points x: ``{"i": max|R_d(x,0) − (x,x)|,
+        "ii": max|D_vR²(x,0) − D_vR¹(x,0) − Id|}`` (Jacobians by autograd)."""
+        zero = torch.zeros_like(x)
+        y0, y1 = self(x, zero)
+        res_i = torch.maximum((y0 - x).abs().max(), (y1 - x).abs().max())
+        m = x.shape[-1]
+        J = self.jacobian(x, zero)
+        d = J[..., m:, m:] - J[..., :m, m:] - torch.eye(m, dtype=x.dtype, device=x.device)
+        return {"i": float(res_i), "ii": float(d.abs().max())}
+
+    # -- linear algebra of DR_d (used by the lifts) --------------------------------------------
+    def jvp(self, x, v, dx, dv) -> tuple[Tensor, Tensor]:
+        """DR_d(x, v)·(dx, dv)."""
+        return torch.func.jvp(self._forward, (x, v), (dx, dv))[1]
+
+    def vjp(self, x, v, c0, c1) -> tuple[Tensor, Tensor]:
+        """(c0, c1)·DR_d(x, v), i.e. DR_dᵀ (c0, c1): a covector on T(TM) from one on M×M."""
+        return torch.func.vjp(self._forward, x, v)[1]((c0, c1))
+
+    def jacobian(self, x: Tensor, v: Tensor) -> Tensor:
+        """DR_d(x, v) as ``(..., 2m, 2m)``: rows (R¹, R²), columns (x, v).
+
+        Built from 2m vector-Jacobian products of the batched map (samples are independent, so
+        one product per output coordinate serves the whole batch)."""
+        m = x.shape[-1]
+        _, pullback = torch.func.vjp(self._forward, x, v)
+        eye = torch.eye(2 * m, dtype=x.dtype, device=x.device)
+        rows = []
+        for i in range(2 * m):
+            e = eye[i].expand(*x.shape[:-1], 2 * m)
+            gx, gv = pullback((e[..., :m], e[..., m:]))
+            rows.append(torch.cat([gx, gv], -1))
+        return torch.stack(rows, -2)
+
+    def solve_jvp(self, x, v, a0, a1) -> tuple[Tensor, Tensor]:
+        """(dx, dv) with DR_d(x, v)·(dx, dv) = (a0, a1)."""
+        m = x.shape[-1]
+        sol = torch.linalg.solve(self.jacobian(x, v), torch.cat([a0, a1], -1))
+        return sol[..., :m], sol[..., m:]
+
+    def solve_vjp(self, x, v, bx, bv) -> tuple[Tensor, Tensor]:
+        """(c0, c1) with (c0, c1)·DR_d(x, v) = (bx, bv)."""
+        m = x.shape[-1]
+        sol = torch.linalg.solve(self.jacobian(x, v).mT, torch.cat([bx, bv], -1))
+        return sol[..., :m], sol[..., m:]
+
+
+class AlphaMap(DiscretizationMap):
+    r"""The α-family on Rⁿ (Examples 2.1):  R_d(x, v) = (x − αv, x + (1−α)v),
+
+        R_d⁻¹(x₀, x₁) = ((1−α)x₀ + αx₁, x₁ − x₀).
+
+    α = 0 forward Euler, α = ½ midpoint (symmetric), α = 1 backward Euler; R_d* is AlphaMap(1 − α).
+    α must lie in [0, 1]: outside it the maps still satisfy Def 2.2 but the base point leaves the
+    segment [x₀, x₁] and the integrators lose their stability, so we refuse them.
+    """
+
+    linear = True
+
+    def __init__(self, alpha: float):
+        super().__init__()
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+            raise TypeError(f"alpha must be a real number, got {type(alpha).__name__}")
+        alpha = float(alpha)
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
+        self.alpha = alpha
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha}"
+
+    @property
+    def symmetric(self) -> bool:
+        return self.alpha == 0.5
+
+    def adjoint(self) -> "AlphaMap":
+        return AlphaMap(1.0 - self.alpha)
+
+    def _forward(self, x, v):
+        a = self.alpha
+        return x - a * v, x + (1.0 - a) * v
+
+    def _inverse(self, x0, x1):
+        a = self.alpha
+        return (1.0 - a) * x0 + a * x1, x1 - x0
+
+    # DR_d = [[I, −αI], [I, (1−α)I]] whatever the base point.
+    def jvp(self, x, v, dx, dv):
+        return self._forward(dx, dv)
+
+    def solve_jvp(self, x, v, a0, a1):
+        return self._inverse(a0, a1)
+
+    def vjp(self, x, v, c0, c1):
+        a = self.alpha
+        return c0 + c1, (1.0 - a) * c1 - a * c0
+
+    def solve_vjp(self, x, v, bx, bv):
+        # c0 + c1 = bx,  −α c0 + (1−α) c1 = bv
+        a = self.alpha
+        return (1.0 - a) * bx - bv, bv + a * bx
+
+    def jacobian(self, x, v):
+        m = x.shape[-1]
+        eye = torch.eye(m, dtype=x.dtype, device=x.device)
+        a = self.alpha
+        J = torch.cat([torch.cat([eye, -a * eye], 1), torch.cat([eye, (1 - a) * eye], 1)], 0)
+        return J.expand(*x.shape[:-1], 2 * m, 2 * m)
+
+
+class ForwardEulerMap(AlphaMap):
+    """R_d(x, v) = (x, x + v): AlphaMap(0)."""
+
+    def __init__(self):
+        super().__init__(0.0)
+
+
+class MidpointMap(AlphaMap):
+    """R_d(x, v) = (x − v/2, x + v/2): AlphaMap(½), symmetric."""
+
+    def __init__(self):
+        super().__init__(0.5)
+
+
+class BackwardEulerMap(AlphaMap):
+    """R_d(x, v) = (x − v, x): AlphaMap(1)."""
+
+    def __init__(self):
+        super().__init__(1.0)
+
+
+class RetractionMap(DiscretizationMap):
+    r"""Discretization map from a retraction (Prop 2.2):
+
+        R_d(x, v) = (R_x(−αv), R_x((1−α)v)),    α ∈ [0, 1],
+
+    for any ``retraction(x, v) -> point`` with R_x(0) = x and D_vR_x(0) = Id (Def 2.1), written
+    with torch ops so that torch.func can differentiate it.  Its adjoint is RetractionMap(1 − α).
+    ``inverse`` is a batched, differentiable Newton solve unless a closed form
+    ``inverse(x0, x1) -> (x, v)`` is given.
+    """
+
+    def __init__(self, retraction: Callable[[Tensor, Tensor], Tensor], alpha: float = 0.5,
+                 inverse: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None):
+        super().__init__()
+        if not callable(retraction):
+            raise TypeError("retraction must be callable as retraction(x, v) -> point")
+        AlphaMap(alpha)  # the same validation of alpha
+        self.retraction = retraction
+        self.alpha = float(alpha)
+        self._closed_inverse = inverse
+
+    def extra_repr(self) -> str:
+        return f"retraction={getattr(self.retraction, '__name__', self.retraction)}, alpha={self.alpha}"
+
+    @property
+    def symmetric(self) -> bool:
+        return self.alpha == 0.5
+
+    def adjoint(self) -> "RetractionMap":
+        # A closed-form inverse of R_d does not carry over to 1 − α; the adjoint uses Newton.
+        return RetractionMap(self.retraction, 1.0 - self.alpha)
+
+    def _forward(self, x, v):
+        a = self.alpha
+        return self.retraction(x, -a * v), self.retraction(x, (1.0 - a) * v)
+
+    def _inverse(self, x0, x1):
+        if self._closed_inverse is not None:
+            return self._closed_inverse(x0, x1)
+        return super()._inverse(x0, x1)
+
+
+class AdjointMap(DiscretizationMap):
+    r"""R_d*(x, v) = (R²(x, −v), R¹(x, −v)) of any map (Prop 2.5); its inverse is
+    (x₀, x₁) ↦ (x, −w) with (x, w) = R_d⁻¹(x₁, x₀)."""
+
+    def __init__(self, base: DiscretizationMap):
+        super().__init__()
+        self.base = base
+        self.linear = base.linear
+
+    @property
+    def symmetric(self) -> bool:
+        return self.base.symmetric
+
+    def adjoint(self) -> DiscretizationMap:
+        return self.base
+
+    def _forward(self, x, v):
+        y0, y1 = self.base._forward(x, -v)
+        return y1, y0
+
+    def _inverse(self, x0, x1):
+        x, w = self.base._inverse(x1, x0)
+        return x, -w

@@ -1,0 +1,510 @@
+r"""Differentiable implicit solves: fixed-point iteration and Newton's method.
+
+Every implicit integrator step goes through this module.
+
+Conventions
+-----------
+* A state ``z`` is a tensor or a tuple of tensors. Batch dims lead, the **last** dim holds the
+  coordinates, and all tuple components share the batch shape ``z.shape[:-1]`` (a 0-d tensor is
+  one sample with one coordinate). A *sample* is one index of the batch dims; samples are
+  assumed independent: component ``b`` of ``fn(z)`` / ``residual(z)`` depends on ``z_b`` only.
+* Per-sample convergence on the whole batch at once, measured in a mixed abs/rel max-norm
+
+      r_b = max over components c of  ||d_c||_inf / (1 + ||z_c||_inf)     (norms over sample b)
+
+  with d = fn(z) - z (fixed point), d = residual(z) (Newton): absolute below ~1, relative
+  above. Each component is scaled by its own max-norm, because components (q, p) may differ
+  in scale while the round-off of one coordinate is relative to its whole vector (a
+  per-coordinate scale stalls, e.g. on large float32 adjoints). A sample is frozen
+  (``torch.where``; it stops changing) once ``r_b <= tol``. Convergence and finiteness are
+  checked every ``check_every`` iterations only: one host sync per check. ``fn`` is always
+  evaluated on the full batch, because it may close over batch-shaped tensors (``x``, ``q_k``,
+  ...), so the active samples cannot be gathered out.
+* ``tol=None`` means :func:`default_tol` of the state's (least precise) dtype.
+* Failure is loud: no convergence in ``max_iter`` iterations, a non-finite iterate, or a
+  singular Newton Jacobian raise :class:`ConvergenceError`. A NaN is never returned.
+
+Calling contract for ``fn`` / ``residual``
+------------------------------------------
+They are called with and without a graph: under ``torch.no_grad()`` during the forward solve,
+and under grad mode (possibly with an input that does not require grad) for the extra
+application that carries gradients. Parameters enter through the closure (modules, tensors with
+``requires_grad``). A function that needs autograd inside (e.g. a Hamiltonian vector field)
+should do::
+
+    create = torch.is_grad_enabled()
+    with torch.enable_grad():
+        q = q if q.requires_grad else q.detach().requires_grad_()
+        dH = torch.autograd.grad(H(q).sum(), q, create_graph=create)[0]
+
+Only plain ``torch.autograd`` is used here (no ``torch.func``): ``vmap``/``jacrev`` fail on
+functions that call ``torch.autograd.grad`` themselves.
+
+Gradients
+---------
+``backward="implicit"`` (default). With z* = fn(z*, θ) the implicit function theorem gives
+dz*/dθ = (I - J)⁻¹ ∂fn/∂θ, J = ∂fn/∂z at z*. The solve runs without a graph; then
+``z = fn(z*.detach())`` is applied once with grad (its graph reaches θ and whatever ``fn``
+captures) and passed through an identity ``autograd.Function`` whose backward maps the incoming
+cotangent g to the solution of the adjoint equation
+
+      u = g + Jᵀ u
+
+by fixed-point iteration with vector-Jacobian products (same norm, freezing and failure modes;
+it converges whenever the forward iteration is a contraction at z*). Memory is independent of
+the number of forward iterations. The result does not depend on the initial guess, so ``z0``
+receives no gradient (``None`` / zero). Higher-order gradients are not supported: a backward
+with ``create_graph=True`` through the solve raises ``RuntimeError`` (rather than silently
+dropping the terms through J); use ``backward="unroll"`` for those.
+
+``backward="unroll"`` keeps the graph through every iteration (memory linear in the iteration
+count; grad of grad works; ``z0`` gets its — decaying — gradient). For comparisons and tiny
+problems.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["ConvergenceError", "default_tol", "fixed_point", "newton"]
+
+_BACKWARDS = ("implicit", "unroll")
+_FP_HINT = "reduce the step size h, or use method='newton'"
+_NEWTON_HINT = "reduce the step size h, or pass damping < 1 or a better initial guess"
+_ADJOINT_HINT = ("the adjoint iteration u = g + J^T u needs fn to be a contraction at the "
+                 "solution; reduce the step size h, or raise backward_max_iter")
+_MAX_HALVINGS = 5  # Newton backtracking: at most 2^-5 of the full step before accepting anyway
+
+
+class ConvergenceError(RuntimeError):
+    """An implicit solve failed: no convergence, a non-finite iterate, or a singular Jacobian.
+
+    Attributes: ``iterations`` (int), ``residual`` (worst per-sample residual, float; ``nan``/
+    ``inf`` for a non-finite iterate), ``tol`` (float), ``step`` (integrator step index or
+    ``None``). Integrators add the step with ``raise err.with_step(k) from None``.
+    """
+
+    def __init__(self, reason, *, iterations, residual, tol, step=None, hint=_FP_HINT):
+        self.reason = str(reason)
+        self.iterations = int(iterations)
+        self.residual = float(residual)
+        self.tol = float(tol)
+        self.step = None if step is None else int(step)
+        self.hint = str(hint)
+        super().__init__(self._message())
+
+    def _message(self):
+        at = "" if self.step is None else f"integrator step {self.step}: "
+        return (f"{at}{self.reason} after {self.iterations} iterations (worst residual "
+                f"{self.residual:.3e}, tolerance {self.tol:.3e}); {self.hint}")
+
+    def with_step(self, step) -> "ConvergenceError":
+        """A copy whose message also names the integrator step index ``step``."""
+        return type(self)(self.reason, iterations=self.iterations, residual=self.residual,
+                          tol=self.tol, step=step, hint=self.hint)
+
+    def __reduce__(self):  # keyword-only __init__: keep the error picklable (multiprocessing)
+        return (_rebuild_error, (type(self), self.reason, self.iterations, self.residual,
+                                 self.tol, self.step, self.hint))
+
+
+def _rebuild_error(cls, reason, iterations, residual, tol, step, hint):
+    return cls(reason, iterations=iterations, residual=residual, tol=tol, step=step, hint=hint)
+
+
+def default_tol(dtype) -> float:
+    """Default tolerance for the mixed abs/rel residual: ``max(eps**0.85, 4*eps)``.
+
+    float64: 5.0e-14 (~220 eps, well above the round-off floor of typical maps, no wasted
+    iterations); float32: 1.3e-6; float16: 3.9e-3; bfloat16: 3.1e-2. Low precisions get a few
+    ulps, because an iteration in them stalls within an ulp or two of the fixed point.
+    """
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"default_tol needs a floating-point torch.dtype, got {dtype!r}")
+    eps = torch.finfo(dtype).eps
+    return max(eps ** 0.85, 4.0 * eps)
+
+
+class _Struct:
+    """The tensor-or-tuple layout of a state, and batch-wise helpers over it."""
+
+    def __init__(self, z0):
+        if isinstance(z0, torch.Tensor):
+            self.is_tuple, zs = False, (z0,)
+        elif isinstance(z0, tuple):
+            self.is_tuple, zs = True, z0
+            if not zs:
+                raise ValueError("z0 is an empty tuple")
+        else:
+            raise TypeError(f"z0 must be a tensor or a tuple of tensors, got {type(z0).__name__}")
+        for i, t in enumerate(zs):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"z0[{i}] must be a tensor, got {type(t).__name__}")
+            if not t.is_floating_point():
+                raise TypeError(f"z0[{i}] must be floating point, got {t.dtype}")
+        self.batch = zs[0].shape[:-1]
+        for i, t in enumerate(zs):
+            if t.shape[:-1] != self.batch:
+                raise ValueError(
+                    f"tuple components must share the batch shape z.shape[:-1]: z0[0] has "
+                    f"{tuple(self.batch)}, z0[{i}] has {tuple(t.shape[:-1])}")
+            if t.dim() and t.shape[-1] == 0:
+                raise ValueError(f"z0[{i}] has an empty last (coordinate) dimension")
+            if t.device != zs[0].device:
+                raise ValueError(f"z0[{i}] is on {t.device}, z0[0] on {zs[0].device}")
+        self.zs = zs
+        self.shapes = [t.shape for t in zs]
+        self.dtypes = [t.dtype for t in zs]
+        self.sizes = [t.shape[-1] if t.dim() else 1 for t in zs]
+        self.device = zs[0].device
+        self.dtype = max(self.dtypes, key=lambda d: torch.finfo(d).eps)
+
+    def call(self, fn, zs, name):
+        """fn on the user's structure; the result as a validated tuple."""
+        out = fn(zs if self.is_tuple else zs[0])
+        if self.is_tuple:
+            if not isinstance(out, (tuple, list)) or len(out) != len(self.zs):
+                raise TypeError(f"{name} must return a tuple of {len(self.zs)} tensors like z0")
+        else:
+            if not isinstance(out, torch.Tensor):
+                raise TypeError(f"{name} must return a tensor like z0, got {type(out).__name__}")
+            out = (out,)
+        for i, (o, shape, dtype) in enumerate(zip(out, self.shapes, self.dtypes)):
+            if not isinstance(o, torch.Tensor) or o.shape != shape or o.dtype != dtype:
+                got = (tuple(o.shape), o.dtype) if isinstance(o, torch.Tensor) else type(o)
+                raise ValueError(f"{name} output {i} must match z0 (shape {tuple(shape)}, "
+                                 f"{dtype}), got {got}")
+        return tuple(out)
+
+    def pack(self, zs):
+        return tuple(zs) if self.is_tuple else zs[0]
+
+    def where(self, done, a, b):
+        """Per sample: a where done, else b."""
+        return tuple(torch.where(done.unsqueeze(-1) if x.dim() else done, x, y)
+                     for x, y in zip(a, b))
+
+    def residual(self, new, old, diff=True):
+        """r_b = max over components c of ||new_c - old_c||_inf / (1 + ||old_c||_inf);
+        with diff=False, new already is the difference."""
+        r = None
+        for a, z in zip(new, old):
+            d, s = (a - z if diff else a).abs(), z.abs()
+            if z.dim():
+                d, s = d.amax(-1), s.amax(-1)
+            e = d / (1 + s)
+            r = e if r is None else torch.maximum(r, e)
+        return r
+
+    def flatten(self, zs):
+        return torch.cat([t.reshape(*self.batch, n) for t, n in zip(zs, self.sizes)], -1)
+
+    def unflatten(self, x):
+        parts = torch.split(x, self.sizes, -1)  # .to: cat promoted mixed-dtype components
+        return tuple(p.reshape(s).to(d) for p, s, d in zip(parts, self.shapes, self.dtypes))
+
+
+def _check_int(value, name):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+def _check_args(backward, max_iter, check_every):
+    if backward not in _BACKWARDS:
+        raise ValueError(f"backward must be one of {_BACKWARDS}, got {backward!r}")
+    _check_int(max_iter, "max_iter")
+    _check_int(check_every, "check_every")
+
+
+def _resolve_tol(tol, struct, name="tol"):
+    if tol is None:
+        return default_tol(struct.dtype)
+    tol = float(tol)
+    if not tol >= 0:
+        raise ValueError(f"{name} must be >= 0, got {tol!r}")
+    return tol
+
+
+def _worst(r, done):
+    return torch.where(done, torch.zeros_like(r), r).max().item()
+
+
+def _iterate(step, z, struct, tol, max_iter, check_every, what, hint):
+    """z <- step(z) per sample until r_b <= tol for every sample; returns (z, iterations)."""
+    done = torch.zeros(struct.batch, dtype=torch.bool, device=struct.device)
+    frozen = False  # skip torch.where (and, unrolled, its saved mask) until a sample converged
+    for k in range(1, max_iter + 1):
+        new = step(z)
+        if k % check_every and k != max_iter:
+            z = struct.where(done, z, new) if frozen else new
+            continue
+        r = struct.residual(new, z)
+        now = done | (r <= tol)
+        bad = ~torch.isfinite(r) & ~done
+        all_done, any_done, any_bad = torch.stack([now.all(), now.any(), bad.any()]).tolist()
+        if any_bad:
+            raise ConvergenceError(f"{what}: the iterate became non-finite (NaN or inf)",
+                                   iterations=k, residual=_worst(r, done), tol=tol, hint=hint)
+        z = struct.where(done, z, new) if frozen else new
+        done, frozen = now, any_done
+        if all_done:
+            return z, k
+    raise ConvergenceError(f"{what} did not converge", iterations=max_iter,
+                           residual=_worst(r, done), tol=tol, hint=hint)
+
+
+def _first_order_only(name):
+    # Grad mode is on inside a backward iff it runs with create_graph=True.
+    if torch.is_grad_enabled():
+        raise RuntimeError(
+            f"{name}(backward='implicit') provides first-order gradients only; a backward pass "
+            f"with create_graph=True (grad of grad) through it is not supported. Use "
+            f"backward='unroll' for higher-order gradients.")
+
+
+class _Adjoint:
+    """Everything the backward of the identity needs, besides the saved z*."""
+
+    def __init__(self, fn, struct, tol, max_iter, check_every):
+        self.fn, self.struct, self.tol = fn, struct, tol
+        self.max_iter, self.check_every = max_iter, check_every
+
+    def solve(self, z_star, g):
+        """u = g + Jᵀu by fixed-point iteration, J = ∂fn/∂z at z*."""
+        with torch.enable_grad():
+            zs = tuple(t.detach().requires_grad_() for t in z_star)
+            f = self.struct.call(self.fn, zs, "fn")
+        idx = [i for i, t in enumerate(f) if t.requires_grad]
+        if not idx:  # fn ignores z: J = 0
+            return g
+        outs = [f[i] for i in idx]
+
+        def step(u):
+            vjp = torch.autograd.grad(outs, zs, [u[i] for i in idx], retain_graph=True,
+                                      allow_unused=True)
+            return tuple(gi if v is None else gi + v for gi, v in zip(g, vjp))
+
+        u, _ = _iterate(step, g, self.struct, self.tol, self.max_iter, self.check_every,
+                        "fixed_point implicit backward (adjoint solve)", _ADJOINT_HINT)
+        return u
+
+
+class _FixedPointAdjoint(torch.autograd.Function):
+    """Identity on z = fn(z*); backward returns the adjoint solution u of u = g + Jᵀu."""
+
+    @staticmethod
+    def forward(ctx, spec, n, *tensors):
+        ctx.spec, ctx.n = spec, n
+        ctx.save_for_backward(*tensors[n:])
+        # A clone, not the input itself: outputs that alias inputs of a custom Function are
+        # views and forbid later in-place updates.
+        return tuple(t.clone() for t in tensors[:n])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        _first_order_only("fixed_point")
+        with torch.no_grad():
+            u = ctx.spec.solve(ctx.saved_tensors, grads)
+        return (None, None, *u, *(None,) * ctx.n)
+
+
+def fixed_point(fn, z0, *, tol=None, max_iter=100, backward="implicit", check_every=4,
+                backward_tol=None, backward_max_iter=None):
+    """Solve z = fn(z) per sample by fixed-point iteration, differentiably.
+
+    Args:
+        fn: z -> z, same structure (tensor or tuple), shapes and dtypes as ``z0``. Must be a
+            contraction near the solution for the iteration (and the adjoint) to converge.
+        z0: initial guess; tensor or tuple of tensors (see the module conventions).
+        tol: per-sample tolerance on r_b = max_c ||fn(z)_c - z_c|| / (1 + ||z_c||); ``None`` ->
+            :func:`default_tol`. The returned iterate is the first ``fn(z)`` with r_b <= tol.
+        max_iter: at most this many applications of ``fn``.
+        backward: ``"implicit"`` (IFT adjoint, memory O(1) in the iteration count; ``z0`` gets
+            no gradient; first order only) or ``"unroll"`` (backprop through the iterations).
+        check_every: iterations between convergence/finiteness checks (each one host sync).
+        backward_tol: tolerance of the adjoint solve; defaults to ``tol``.
+        backward_max_iter: iteration cap of the adjoint solve; defaults to
+            ``max(2 * max_iter, 100)`` (it starts from g, not from a good guess).
+
+    Returns:
+        z* with the structure, shapes, dtype and device of ``z0``. In implicit mode with grad
+        enabled this is one more application ``fn(z*)``, the one that carries the graph.
+
+    Raises:
+        ConvergenceError: no convergence (forward or adjoint), or a non-finite iterate.
+        ValueError, TypeError: bad arguments or an ``fn`` output that does not match ``z0``.
+    """
+    struct = _Struct(z0)
+    _check_args(backward, max_iter, check_every)
+    tol = _resolve_tol(tol, struct)
+    btol = tol if backward_tol is None else _resolve_tol(backward_tol, struct, "backward_tol")
+    bmax = (max(2 * max_iter, 100) if backward_max_iter is None
+            else _check_int(backward_max_iter, "backward_max_iter"))
+
+    def f(zs):
+        return struct.call(fn, zs, "fn")
+
+    if backward == "unroll":
+        z, _ = _iterate(f, struct.zs, struct, tol, max_iter, check_every, "fixed_point", _FP_HINT)
+        return struct.pack(z)
+    with torch.no_grad():
+        z_star, _ = _iterate(f, tuple(t.detach() for t in struct.zs), struct, tol, max_iter,
+                             check_every, "fixed_point", _FP_HINT)
+    if not torch.is_grad_enabled():
+        return struct.pack(z_star)
+    z = f(z_star)  # the one application with a graph to everything fn captures
+    if not any(t.requires_grad for t in z):
+        return struct.pack(z)
+    spec = _Adjoint(fn, struct, btol, bmax, check_every)
+    return struct.pack(_FixedPointAdjoint.apply(spec, len(z), *z, *z_star))
+
+
+class _FirstOrderOnly(torch.autograd.Function):
+    """Identity whose backward refuses create_graph=True (newton's implicit output is only
+    first-order correct: its J and z* are detached)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        _first_order_only("newton")
+        return g
+
+
+def _jacobian(r, x, create_graph):
+    """Per-sample Jacobians ∂r/∂x, shape (*batch, n, n), from n batch-summed reverse passes.
+
+    Row i of every sample's Jacobian is grad(r[..., i].sum(), x): exact because samples are
+    independent, and free of torch.func (which fails on r that call autograd.grad).
+    """
+    n = r.shape[-1]
+    if not r.requires_grad:  # r ignores x
+        return r.new_zeros(*r.shape, n)
+    rows = []
+    with torch.enable_grad():  # the row selection must be recorded even inside no_grad callers
+        for i in range(n):
+            (g,) = torch.autograd.grad(r[..., i].sum(), x, retain_graph=True,
+                                       create_graph=create_graph, allow_unused=True)
+            rows.append(torch.zeros_like(x) if g is None else g)
+    return torch.stack(rows, -2)
+
+
+def _solve(J, r):
+    """J⁻¹ r per sample and a per-sample 'singular' flag (zero pivot or non-finite result)."""
+    sol, info = torch.linalg.solve_ex(J, r.unsqueeze(-1))
+    sol = sol.squeeze(-1)
+    return sol, (info != 0) | ~torch.isfinite(sol).all(-1)
+
+
+def newton(residual, z0, *, tol=None, max_iter=50, damping=1.0, backward="implicit",
+           check_every=1):
+    """Solve residual(z) = 0 per sample by (damped, backtracking) Newton iteration.
+
+    The state is flattened per sample to one vector of size n (sum of the components' last
+    dims); Jacobians are per sample, (*batch, n, n), from n reverse passes over the whole batch,
+    so residual(z)_b must depend on z_b only. Step: z <- z - damping * J⁻¹ r. A sample whose
+    max |r| grew (or became non-finite) retries from its previous point with half the step, up
+    to 5 times, then accepts; this costs no extra host syncs.
+
+    Convergence per sample: max over components c of ||r_c(z)||_inf / (1 + ||z_c||_inf) <= tol
+    (for r = z - fn(z) this is the criterion of :func:`fixed_point`); the returned z satisfies
+    it.
+
+    Args:
+        residual: z -> r with the structure, shapes and dtypes of ``z0``.
+        z0, tol, check_every: as in :func:`fixed_point`.
+        max_iter: at most this many Newton steps.
+        damping: step scale in (0, 1].
+        backward: ``"implicit"``: returns ``z* - J⁻¹ residual(z*)`` computed with grad (J at z*,
+            detached): the value is z* up to one Newton correction, the derivative w.r.t. what
+            ``residual`` captures is the IFT one, -J⁻¹ ∂r/∂θ; ``z0`` gets no gradient, and grad
+            of grad raises. ``"unroll"``: the graph is kept through every iteration (Jacobians
+            with create_graph), grad of grad works.
+
+    Works under ``torch.no_grad()`` (the Jacobians enable grad locally), not under
+    ``torch.inference_mode()`` (RuntimeError).
+
+    Raises:
+        ConvergenceError: no convergence, a non-finite iterate, or a singular Jacobian.
+        ValueError, TypeError: bad arguments or a residual output that does not match ``z0``.
+    """
+    struct = _Struct(z0)
+    _check_args(backward, max_iter, check_every)
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError("newton needs autograd for its Jacobians and cannot run under "
+                           "torch.inference_mode(); use torch.no_grad() instead")
+    if not 0.0 < float(damping) <= 1.0:
+        raise ValueError(f"damping must be in (0, 1], got {damping!r}")
+    tol = _resolve_tol(tol, struct)
+    track = backward == "unroll" and torch.is_grad_enabled()
+
+    def res(x):
+        return struct.flatten(struct.call(residual, struct.unflatten(x), "residual"))
+
+    def fail(reason, k, worst):
+        return ConvergenceError(f"newton: {reason}", iterations=k, residual=worst, tol=tol,
+                                hint=_NEWTON_HINT)
+
+    x = struct.flatten(struct.zs if track else tuple(t.detach() for t in struct.zs))
+    batch, kw = struct.batch, dict(dtype=torch.bool, device=struct.device)
+    done, nonfinite, singular = (torch.zeros(batch, **kw) for _ in range(3))
+    x_prev, step = x, torch.zeros_like(x)
+    nr_prev = torch.full(batch, float("inf"), dtype=x.dtype, device=x.device)
+    halvings = torch.full(batch, _MAX_HALVINGS, dtype=torch.int64, device=x.device)
+    for k in range(max_iter + 1):
+        with torch.enable_grad():
+            if track:
+                x = x if x.requires_grad else x.detach().requires_grad_()
+                xl = x
+            else:
+                xl = x.detach().requires_grad_()
+            r = res(xl)
+        rd = r.detach()
+        nr = rd.abs().amax(-1)
+        rel = struct.residual(struct.unflatten(rd), struct.unflatten(x.detach()), diff=False)
+        active = ~done
+        reject = active & (halvings < _MAX_HALVINGS) & ~(nr <= nr_prev)  # NaN counts as growth
+        nonfinite = nonfinite | (active & ~reject & ~torch.isfinite(rel))
+        if k % check_every == 0 or k == max_iter:
+            done = done | (rel <= tol)
+            active = ~done
+            reject = reject & active
+            stats = torch.stack([done.all(), (nonfinite & active).any(),
+                                 (singular & active).any()]).tolist()
+            if stats[1]:
+                raise fail("the iterate became non-finite (NaN or inf)", k,
+                           _worst(torch.where(nonfinite, float("nan"), rel), done))
+            if stats[2]:
+                raise fail(f"the Jacobian is singular for {int((singular & active).sum())} "
+                           f"sample(s)", k, _worst(rel, done))
+            if stats[0]:
+                break
+            if k == max_iter:
+                raise fail("did not converge", k, _worst(rel, done))
+        J = _jacobian(r, xl, create_graph=track)
+        if not track:
+            r = r.detach()
+        accept = active & ~reject
+        delta, sing = _solve(J, r)
+        sing = sing & accept & torch.isfinite(rel)
+        singular = singular | sing
+        delta = torch.where(sing.unsqueeze(-1), torch.zeros_like(delta), delta)
+        a = accept.unsqueeze(-1)
+        x_base = torch.where(a, x, x_prev)
+        step = torch.where(a, damping * delta, 0.5 * step)
+        x_prev, nr_prev = x_base, torch.where(accept, nr, nr_prev)
+        halvings = torch.where(accept, torch.zeros_like(halvings), halvings + 1)
+        x = torch.where(active.unsqueeze(-1), x_base - step, x)
+
+    if track or backward == "unroll" or not torch.is_grad_enabled():
+        return struct.pack(struct.unflatten(x))
+    x_star = x.detach()
+    r_theta = res(x_star)  # graph to what residual captures (not to x_star)
+    if not r_theta.requires_grad:
+        return struct.pack(struct.unflatten(x_star))
+    delta, sing = _solve(_jacobian(r, xl, create_graph=False).detach(), r_theta)
+    if bool(sing.any()):
+        raise fail("the Jacobian is singular at the solution", k, _worst(rel, ~sing))
+    return struct.pack(struct.unflatten(_FirstOrderOnly.apply(x_star - delta)))

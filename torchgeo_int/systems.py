@@ -1,0 +1,202 @@
+r"""Systems the integrators step: Hamiltonians on T*Q and partitioned vector fields.
+
+Every system gives the integrators the same small interface, in (q, p) kept apart:
+
+* ``vector_field(q, p, t) -> (dq, dp)``   the full field; X_H = (∂H/∂p, −∂H/∂q) for a Hamiltonian,
+* ``velocity(p, t)`` and ``force(q, t)``  its two halves when ``separable`` (dq depends on p only,
+  dp on q only): the kick/drift fast paths evaluate only the half they need.
+
+Gradients of H come from autograd.  When grad mode is on they are taken with ``create_graph`` so a
+loss on a rollout differentiates through them (training HNNs); under ``torch.no_grad()`` they are
+computed on detached inputs and no graph is kept.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+import torch
+from torch import nn
+
+Tensor = torch.Tensor
+
+
+def _takes_time(fn: Callable, n_state_args: int) -> bool:
+    """Whether ``fn`` accepts a time argument after its state arguments."""
+    try:
+        sig = inspect.signature(fn.forward if isinstance(fn, nn.Module) else fn)
+    except (TypeError, ValueError):
+        return False
+    params = list(sig.parameters.values())
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return True
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) > n_state_args
+
+
+def grad_of(fn: Callable[..., Tensor], inputs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """∇ of a per-sample scalar ``fn(*inputs)`` (shape = batch shape) w.r.t. each input.
+
+    Samples are independent, so the gradient of the sum is the per-sample gradient.  The graph is
+    kept (create_graph) exactly when the caller has grad mode on."""
+    keep = torch.is_grad_enabled()
+    with torch.enable_grad():
+        xs = tuple(x if (keep and x.requires_grad) else x.detach().requires_grad_() for x in inputs)
+        out = fn(*xs)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"the energy function must return a tensor, got {type(out).__name__}")
+        grads = torch.autograd.grad(out.sum(), xs, create_graph=keep, allow_unused=True)
+    return tuple(torch.zeros_like(x) if g is None else g for x, g in zip(xs, grads))
+
+
+class System(nn.Module):
+    """Base class of what the integrators step (see module docstring)."""
+
+    separable: bool = False
+
+    def vector_field(self, q: Tensor, p: Tensor, t: float = 0.0) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def velocity(self, p: Tensor, t: float = 0.0) -> Tensor:
+        raise NotImplementedError(f"{type(self).__name__} is not separable")
+
+    def force(self, q: Tensor, t: float = 0.0) -> Tensor:
+        raise NotImplementedError(f"{type(self).__name__} is not separable")
+
+    def energy(self, q: Tensor, p: Tensor, t: float = 0.0) -> Tensor:
+        raise NotImplementedError(f"{type(self).__name__} has no energy")
+
+
+class Hamiltonian(System):
+    r"""A Hamiltonian H(q, p) or H(q, p, t) → energy of shape ``q.shape[:-1]``; X_H by autograd.
+
+    Pass ``fn``, or subclass and override ``hamiltonian(q, p[, t])`` (the HNN modules do).
+    ``grad(q, p[, t]) -> (H_q, H_p)`` may supply the gradient in closed form.
+    Time dependence is detected from fn's signature (override with ``time_dependent``).
+    """
+
+    def __init__(self, fn: Callable | None = None, *, grad: Callable | None = None,
+                 time_dependent: bool | None = None):
+        super().__init__()
+        if fn is not None and not callable(fn):
+            raise TypeError("fn must be callable as fn(q, p) or fn(q, p, t)")
+        self.fn = fn
+        self._grad = grad
+        target = fn if fn is not None else self.hamiltonian
+        self.time_dependent = _takes_time(target, 2) if time_dependent is None else time_dependent
+
+    def hamiltonian(self, q: Tensor, p: Tensor, t: float = 0.0) -> Tensor:
+        if self.fn is None:
+            raise NotImplementedError("pass fn or override hamiltonian(q, p)")
+        return self.fn(q, p, t) if self.time_dependent else self.fn(q, p)
+
+    def energy(self, q, p, t=0.0):
+        return self.hamiltonian(q, p, t) if self.time_dependent else self.hamiltonian(q, p)
+
+    def forward(self, q, p, t=0.0):
+        return self.energy(q, p, t)
+
+    def gradients(self, q, p, t=0.0) -> tuple[Tensor, Tensor]:
+        """(∂H/∂q, ∂H/∂p)."""
+        if self._grad is not None:
+            return self._grad(q, p, t) if self.time_dependent else self._grad(q, p)
+        return grad_of(lambda q_, p_: self.energy(q_, p_, t), (q, p))
+
+    def vector_field(self, q, p, t=0.0):
+        Hq, Hp = self.gradients(q, p, t)
+        return Hp, -Hq
+
+
+class SeparableHamiltonian(Hamiltonian):
+    r"""H(q, p) = T(p) + V(q) (or T(p, t) + V(q, t)): the explicit methods evaluate only
+    ∂T/∂p (drifts) and ∂V/∂q (kicks).  ``kinetic_grad`` / ``potential_grad`` may give them in
+    closed form (the fastest path; the benchmarks use it for the hand-written comparison)."""
+
+    separable = True
+
+    def __init__(self, kinetic: Callable, potential: Callable, *,
+                 kinetic_grad: Callable | None = None, potential_grad: Callable | None = None,
+                 time_dependent: bool | None = None):
+        if not (callable(kinetic) and callable(potential)):
+            raise TypeError("kinetic and potential must be callable: kinetic(p), potential(q)")
+        super().__init__(None, time_dependent=False)
+        self.kinetic, self.potential = kinetic, potential
+        self.kinetic_grad, self.potential_grad = kinetic_grad, potential_grad
+        # Each part may or may not take t; `time_dependent` forces both.
+        self._T_td = _takes_time(kinetic, 1) if time_dependent is None else time_dependent
+        self._V_td = _takes_time(potential, 1) if time_dependent is None else time_dependent
+        self.time_dependent = self._T_td or self._V_td
+
+    def _T(self, p, t):
+        return self.kinetic(p, t) if self._T_td else self.kinetic(p)
+
+    def _V(self, q, t):
+        return self.potential(q, t) if self._V_td else self.potential(q)
+
+    def hamiltonian(self, q, p, t=0.0):
+        return self._T(p, t) + self._V(q, t)
+
+    def energy(self, q, p, t=0.0):
+        return self.hamiltonian(q, p, t)
+
+    def velocity(self, p, t=0.0):
+        if self.kinetic_grad is not None:
+            return self.kinetic_grad(p, t) if self._T_td else self.kinetic_grad(p)
+        return grad_of(lambda p_: self._T(p_, t), (p,))[0]
+
+    def force(self, q, t=0.0):
+        if self.potential_grad is not None:
+            g = self.potential_grad(q, t) if self._V_td else self.potential_grad(q)
+        else:
+            g = grad_of(lambda q_: self._V(q_, t), (q,))[0]
+        return -g
+
+    def gradients(self, q, p, t=0.0):
+        return -self.force(q, t), self.velocity(p, t)
+
+
+class VectorFieldSystem(System):
+    """A partitioned vector field ``f(t, q, p) -> (dq, dp)`` (not necessarily Hamiltonian).
+
+    With ``separable=True`` the user promises dq depends on p only and dp on q only, which turns
+    on the explicit kick/drift paths (each half is taken from one call of f)."""
+
+    def __init__(self, f: Callable[[float, Tensor, Tensor], tuple[Tensor, Tensor]], *,
+                 separable: bool = False):
+        super().__init__()
+        if not callable(f):
+            raise TypeError("f must be callable as f(t, q, p) -> (dq, dp)")
+        self.f = f
+        self.separable = bool(separable)
+
+    def vector_field(self, q, p, t=0.0):
+        out = self.f(t, q, p)
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise TypeError("the vector field must return a pair (dq, dp)")
+        return out[0], out[1]
+
+    def velocity(self, p, t=0.0):
+        if not self.separable:
+            return super().velocity(p, t)
+        # dq does not depend on q (the user's promise), so any q will do; zeros are cheap.
+        return self.f(t, torch.zeros_like(p), p)[0]
+
+    def force(self, q, t=0.0):
+        if not self.separable:
+            return super().force(q, t)
+        return self.f(t, q, torch.zeros_like(q))[1]
+
+
+class ODESystem(System):
+    """A first-order system ẋ = f(t, x) on any state x (eq. (1) integrators step it)."""
+
+    first_order = True
+
+    def __init__(self, f: Callable[[float, Tensor], Tensor]):
+        super().__init__()
+        if not callable(f):
+            raise TypeError("f must be callable as f(t, x) -> dx")
+        self.f = f
+
+    def vector_field(self, x, p=None, t=0.0):
+        return self.f(t, x)
