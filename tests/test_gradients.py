@@ -94,6 +94,8 @@ def test_reversible_refuses_what_it_cannot_do():
     system = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: k * (q * q).sum(-1))
     with pytest.raises(ValueError, match="params"):
         tgi.rollout(system, q0, p0, h=0.1, steps=3, method="verlet", grad="reversible")
+    with pytest.raises(ValueError, match="params"):
+        tgi.rollout(system, q0, p0, h=0.1, steps=3, method="verlet", grad="checkpoint")
     q, p = tgi.rollout(system, q0, p0, h=0.1, steps=3, method="verlet", grad="reversible", params=[k])
     (gk,) = torch.autograd.grad(q.sum(), k)
     qb, _ = tgi.rollout(system, q0, p0, h=0.1, steps=3, method="verlet")

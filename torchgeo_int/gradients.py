@@ -1,8 +1,8 @@
 r"""Memory-lean exact gradients through long rollouts: ``rollout(..., grad=...)``.
 
 * ``"backprop"`` (rollout's default): autograd keeps every step's graph, memory O(steps).
-* ``"checkpoint"``: the rollout runs in segments of ``segment`` steps (default ⌈√steps⌉) under
-  ``torch.utils.checkpoint``; only segment boundaries are kept and each segment is recomputed
+* ``"checkpoint"``: the rollout runs in segments of ``segment`` steps (default ⌈√steps⌉) without
+  a graph; only segment boundaries are kept and each segment is recomputed, with its graph,
   during backward.  The gradient is the backprop gradient of the same discrete map (each segment
   restarts its FSAL/warm-start cache, so forward and recomputation take identical steps).
   Memory O(√steps) graph + the outputs; time ≈ 2× forward.
@@ -17,6 +17,8 @@ r"""Memory-lean exact gradients through long rollouts: ``rollout(..., grad=...)`
   is then no better than that reconstruction.
 
 The outputs the user asks for (every ``save_every``-th state) are always stored: O(steps/save_every).
+Both lean modes differentiate w.r.t. the state and the system module's parameters (or the tensors
+given as ``params=[...]``); a step that depends on any other tensor requiring grad is refused.
 """
 from __future__ import annotations
 
@@ -24,8 +26,6 @@ import math
 import warnings
 
 import torch
-from torch.utils.checkpoint import checkpoint
-
 from .rollout import run_loop
 
 
@@ -40,7 +40,35 @@ def rollout_with_grad_mode(grad, integrator, step, q0, p0, *, system, h, steps, 
     raise ValueError(f"unknown grad mode {grad!r}")
 
 
-def _checkpointed(step, q0, p0, *, system, h, steps, t0, save_every, check_every, segment=None):
+class _Segment(torch.autograd.Function):
+    """A segment of the rollout whose graph is rebuilt in backward (gradient checkpointing).
+
+    Written out instead of ``torch.utils.checkpoint``: the force inside a step is itself an
+    ``autograd.grad`` call, and under the non-reentrant checkpoint each such call unpacks saved
+    tensors and re-triggers the recomputation (quadratic time and memory)."""
+
+    @staticmethod
+    def forward(ctx, run, n_states, *tensors):
+        with torch.no_grad():
+            traj = run(*tensors[:n_states])
+        ctx.run, ctx.n_states = run, n_states
+        ctx.save_for_backward(*tensors)
+        return traj
+
+    @staticmethod
+    def backward(ctx, *grads):
+        tensors = ctx.saved_tensors
+        n = ctx.n_states
+        with torch.enable_grad():
+            states = [x.detach().requires_grad_() for x in tensors[:n]]
+            traj = ctx.run(*states)
+            inputs = [*states, *tensors[n:]]
+            out = torch.autograd.grad(traj, inputs, grads, allow_unused=True)
+        return (None, None, *out)
+
+
+def _checkpointed(step, q0, p0, *, system, h, steps, t0, save_every, check_every, segment=None,
+                  params=None):
     if segment is None:
         segment = max(1, math.isqrt(max(steps, 1) - 1) + 1)   # ⌈√steps⌉
     if isinstance(segment, bool) or not isinstance(segment, int) or segment < 1:
@@ -52,6 +80,7 @@ def _checkpointed(step, q0, p0, *, system, h, steps, t0, save_every, check_every
     if not torch.is_grad_enabled():
         return run_loop(step, q0, p0, system=system, h=h, steps=steps, t0=t0,
                         save_every=save_every, check_every=check_every)
+    params = _parameters(step, system, states, t0, h, params)
     outs = [[x.unsqueeze(0)] for x in states]
     for done in range(0, steps, segment):
         n = min(segment, steps - done)
@@ -62,12 +91,30 @@ def _checkpointed(step, q0, p0, *, system, h, steps, t0, save_every, check_every
                             check_every=check_every, step_offset=done)
             return tuple(x for x in traj if x is not None)
 
-        traj = checkpoint(run, *states, use_reentrant=False)
+        traj = _Segment.apply(run, len(states), *states, *params)
         for o, x in zip(outs, traj):
             o.append(x[1:])
         states = tuple(x[-1] for x in traj)   # only used when n == segment (not the last)
     result = tuple(torch.cat(o) for o in outs)
     return (result[0], None) if p0 is None else result
+
+
+def _parameters(step, system, states, t0, h, params):
+    """The tensors the backward pass differentiates besides the state: the system module's
+    parameters, or ``params``.  A tensor the step depends on that is in neither would silently
+    get no gradient, so one probe step's graph is searched for such leaves."""
+    if params is None:
+        params = [w for w in system.parameters() if w.requires_grad]
+    params = list(params)
+    with torch.enable_grad():
+        xs = [x.detach().requires_grad_() for x in states]
+        out = step(system, xs[0], xs[1] if len(xs) > 1 else None, t0, h, None)
+    missing = _untracked_leaves([o for o in out[:2] if o is not None], [*xs, *params])
+    if missing:
+        raise ValueError(f"the step depends on {len(missing)} tensor(s) that require grad but are "
+                         "not parameters of the system module; pass them as params=[...] (or "
+                         "register them in the module) so that they get their gradient")
+    return params
 
 
 def _untracked_leaves(outputs, known):
@@ -142,21 +189,8 @@ def _reversible(integrator, step, q0, p0, *, system, h, steps, t0, save_every, c
             f"(verlet and its compositions); got {integrator.name!r} on "
             f"{'a separable' if system.separable else 'a non-separable'} system. "
             "Use grad='checkpoint' (exact, O(√steps) memory).")
-    if params is None:
-        params = [w for w in system.parameters() if w.requires_grad]
-    params = list(params)
     if reconstruction_tol is None:
         reconstruction_tol = 1e3 * torch.finfo(q0.dtype).eps
-    if torch.is_grad_enabled() and steps > 0:
-        # A parameter the backward pass does not know of would silently get no gradient:
-        # probe one step's graph for leaves that are neither the state nor `params`.
-        with torch.enable_grad():
-            qi, pi = q0.detach().requires_grad_(), p0.detach().requires_grad_()
-            q1, p1, _ = step(system, qi, pi, t0, h, None)
-        missing = _untracked_leaves((q1, p1), [qi, pi, *params])
-        if missing:
-            raise ValueError(f"grad='reversible': the step depends on {len(missing)} tensor(s) that "
-                             "require grad but are not parameters of the system module; pass them "
-                             "as params=[...] (or register them in the module)")
+    params = _parameters(step, system, (q0, p0), t0, h, params) if torch.is_grad_enabled() else []
     spec = (step, system, h, steps, t0, save_every, check_every, reconstruction_tol)
     return _Reversible.apply(spec, q0, p0, *params)

@@ -7,6 +7,8 @@ an implicit solve); pass ``None`` on the first step.  The loop over steps is wri
 """
 from __future__ import annotations
 
+import torch
+
 
 class Integrator:
     name: str = "integrator"
@@ -51,11 +53,11 @@ def run_splitting(kicks, drifts, system, q, p, t, h, force=None):
         if a != 0.0:
             if force is None:
                 force = system.force(q, t)
-            p = p + (a * h) * force
-        q = q + (b * h) * system.velocity(p, t + 0.5 * b * h)
+            p = torch.add(p, force, alpha=a * h)   # one fused kernel: p + a h F
+        q = torch.add(q, system.velocity(p, t + 0.5 * b * h), alpha=b * h)
         t = t + b * h
         force = None
     if kicks[-1] != 0.0:
         force = system.force(q, t)
-        p = p + (kicks[-1] * h) * force
+        p = torch.add(p, force, alpha=kicks[-1] * h)
     return q, p, force
