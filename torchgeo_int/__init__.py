@@ -10,6 +10,7 @@ from .systems import Hamiltonian, ODESystem, SeparableHamiltonian, System, Vecto
 from .integrators import (METHODS, TABLES, CoefficientTable, Composition, CotangentLiftIntegrator,
                           Integrator, get_method)
 from .rollout import rollout
+from . import nn
 
 __version__ = "0.1.0"
 
@@ -19,5 +20,5 @@ __all__ = [
     "fixed_point", "newton", "ConvergenceError", "default_tol",
     "System", "Hamiltonian", "SeparableHamiltonian", "VectorFieldSystem", "ODESystem",
     "Integrator", "CotangentLiftIntegrator", "Composition", "CoefficientTable", "TABLES",
-    "METHODS", "get_method", "rollout",
+    "METHODS", "get_method", "rollout", "nn",
 ]

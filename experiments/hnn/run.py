@@ -1,0 +1,249 @@
+r"""HNNs trained through structure-preserving steps vs derivative matching vs a Neural ODE.
+
+    python -m experiments.hnn.run --task spring|pendulum|twobody [--quick] [--seeds N] ...
+
+Every arm of :mod:`experiments.hnn.train` is trained with each seed on the task of
+:mod:`experiments.hnn.data`, then rolled out from the held-out clean initial conditions over
+t ∈ [0, 20].  Writes ``results/hnn_<task>.json`` and ``.md`` (mean ± s.e. over seeds, and the
+ratios of each arm's metrics to arm (a)'s, measured in the same run) and the PNGs
+``hnn_<task>_phase.png`` (phase portraits / orbits, seed 0) and ``hnn_<task>_energy.png``
+(|H(x̂_t) − H(x_t)| with the true H, mean over the initial conditions, seed 0).
+
+``--quick`` (≈ 2 minutes per task on 2 CPU cores): 2 seeds, 300 steps on batches of 64,
+two-body with 200 trajectories.  Full: 5 seeds, the HNN paper's budgets (spring and pendulum
+2000 full-batch steps, two-body 10000 steps on batches of 200, 1000 trajectories).
+Wall-clock numbers depend on the machine's load.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import data as datasets
+from .train import arms as make_arms
+from .train import evaluate, train
+
+CONFIG = {
+    "spring": dict(lr=1e-3, weight_decay=1e-4, substeps=1,
+                   full=dict(steps=2000, batch=None, seeds=5), quick=dict(steps=300, batch=64, seeds=2)),
+    "pendulum": dict(lr=1e-3, weight_decay=1e-4, substeps=1,
+                     full=dict(steps=2000, batch=None, seeds=5), quick=dict(steps=300, batch=64, seeds=2)),
+    "twobody": dict(lr=1e-3, weight_decay=0.0, substeps=1,
+                    full=dict(steps=10000, batch=200, seeds=5, trajectories=1000),
+                    quick=dict(steps=300, batch=64, seeds=2, trajectories=200)),
+}
+METRICS = ("state_mse", "energy_mse", "energy_drift", "eps_H", "eps_H_rel", "train_seconds")
+
+
+def _mean_se(values):
+    v = np.asarray([x for x in values if x is not None], dtype=float)
+    if v.size == 0:
+        return None, None
+    mean = float(v.mean())
+    se = float(v.std(ddof=1) / math.sqrt(v.size)) if v.size > 1 else float("nan")
+    return mean, se
+
+
+def _fmt(mean, se):
+    if mean is None:
+        return "—"
+    if not math.isfinite(mean):
+        return "diverged"
+    return f"{mean:.3g} ± {se:.2g}" if math.isfinite(se) else f"{mean:.3g}"
+
+
+def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps: int | None = None,
+        batch_size: int | None = None, arm_keys=None, out: str | Path = "results",
+        progress: bool = True, b_model: str = "auto", node_window: int = 5,
+        threads: int | None = 1) -> dict:
+    if task_name not in CONFIG:
+        raise ValueError(f"unknown task {task_name!r}; known: {', '.join(CONFIG)}")
+    if threads:
+        # shared cores: one intra-op thread per process avoids oversubscription stalls
+        torch.set_num_threads(threads)
+    cfg = CONFIG[task_name]
+    mode = dict(cfg["quick" if quick else "full"])
+    n_seeds = seeds if seeds is not None else mode["seeds"]
+    n_steps = steps if steps is not None else mode["steps"]
+    bs = batch_size if batch_size is not None else mode["batch"]
+    t_start = time.perf_counter()
+    if task_name == "twobody":
+        task = datasets.twobody(0, trajectories=mode["trajectories"])
+    else:
+        task = datasets.TASKS[task_name](0)
+    all_arms = make_arms(task, b_model=b_model, node_window=node_window)
+    if arm_keys:
+        unknown = set(arm_keys) - {a.key for a in all_arms}
+        if unknown:
+            raise ValueError(f"unknown arms {sorted(unknown)}; known: {[a.key for a in all_arms]}")
+        all_arms = [a for a in all_arms if a.key in arm_keys]
+
+    try:
+        from tqdm.auto import tqdm
+        outer = tqdm(total=n_seeds * len(all_arms), desc=f"hnn {task_name}", disable=not progress)
+    except ImportError:
+        outer = None
+    results = {a.key: [] for a in all_arms}
+    keep = {}
+    for seed in range(n_seeds):
+        for arm in all_arms:
+            model, hist = train(arm, task, seed=seed, steps=n_steps, batch_size=bs, lr=cfg["lr"],
+                                weight_decay=cfg["weight_decay"], substeps=cfg["substeps"],
+                                progress=progress)
+            metrics, traj = evaluate(model, arm, task, substeps=cfg["substeps"])
+            metrics.update(train_seconds=hist["seconds"], final_loss=hist["loss"][-1], seed=seed)
+            results[arm.key].append(metrics)
+            if seed == 0:
+                keep[arm.key] = traj
+            if outer is not None:
+                outer.update(1)
+                outer.set_postfix(arm=arm.key, energy_mse=f"{metrics['energy_mse']:.2e}")
+    if outer is not None:
+        outer.close()
+
+    summary = {}
+    for arm in all_arms:
+        rows = results[arm.key]
+        summary[arm.key] = {m: dict(zip(("mean", "se"), _mean_se([r.get(m) for r in rows])))
+                            for m in METRICS}
+    ratios = {}
+    if "a" in summary:
+        for arm in all_arms:
+            if arm.key == "a":
+                continue
+            ratios[f"{arm.key}/a"] = {}
+            for m in ("state_mse", "energy_mse", "energy_drift", "eps_H"):
+                num, den = summary[arm.key][m]["mean"], summary["a"][m]["mean"]
+                ratios[f"{arm.key}/a"][m] = (num / den) if (num is not None and den) else None
+
+    report = {
+        "task": task_name, "quick": quick, "seeds": n_seeds, "steps": n_steps, "batch_size": bs,
+        "lr": cfg["lr"], "weight_decay": cfg["weight_decay"], "substeps": cfg["substeps"],
+        "data": task.meta | {"dt": task.dt, "train_trajectories": int(task.q_train.shape[0]),
+                             "eval_initial_conditions": int(task.q_eval.shape[0])},
+        "arms": {a.key: {"label": a.label, "model": a.model, "loss": a.loss, "window": a.window,
+                         "evaluation": a.evaluation, "per_seed": results[a.key],
+                         "summary": summary[a.key]} for a in all_arms},
+        "ratios_to_a": ratios,
+        "paper_energy_mse_derivative_matching": datasets.PAPER_ENERGY_MSE[task_name],
+        "wall_seconds": time.perf_counter() - t_start,
+        "machine": {"platform": platform.platform(), "torch": torch.__version__,
+                    "threads": torch.get_num_threads(),
+                    "note": "wall-clock numbers measured on shared, loaded cores"},
+    }
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"hnn_{task_name}"
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=2, allow_nan=True))
+    stem.with_suffix(".md").write_text(markdown(report))
+    plot(task, all_arms, keep, stem)
+    return report
+
+
+def markdown(rep: dict) -> str:
+    lines = [f"# HNN study: {rep['task']}{' (--quick)' if rep['quick'] else ''}", "",
+             f"{rep['seeds']} seed(s), {rep['steps']} Adam steps (lr {rep['lr']}, weight decay "
+             f"{rep['weight_decay']}), batch {rep['batch_size'] or 'full'}; data dt = "
+             f"{rep['data']['dt']:.4g}, {rep['data']['train_trajectories']} training trajectories, "
+             f"{rep['data']['eval_initial_conditions']} held-out initial conditions rolled out to "
+             f"t = {rep['data']['horizon']:.3g}.  Mean ± s.e. over seeds; energy metrics use the true H.",
+             "",
+             "| arm | evaluated by | state MSE | energy MSE | energy drift | ε_H | train s |",
+             "|---|---|---|---|---|---|---|"]
+    for key, arm in rep["arms"].items():
+        s = arm["summary"]
+        lines.append(f"| {arm['label']} | {arm['evaluation']} | " + " | ".join(
+            _fmt(s[m]["mean"], s[m]["se"]) for m in ("state_mse", "energy_mse", "energy_drift",
+                                                     "eps_H", "train_seconds")) + " |")
+    if rep["ratios_to_a"]:
+        lines += ["", "Ratios to arm (a), same run (ratio of the seed means; < 1: better than (a)):", "",
+                  "| ratio | state MSE | energy MSE | energy drift | ε_H |", "|---|---|---|---|---|"]
+        for name, r in rep["ratios_to_a"].items():
+            cells = ["—" if r[m] is None else ("diverged" if not math.isfinite(r[m]) else f"{r[m]:.3g}")
+                     for m in ("state_mse", "energy_mse", "energy_drift", "eps_H")]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    failed = [(k, r["seed"], r["failed"]) for k, a in rep["arms"].items() for r in a["per_seed"] if "failed" in r]
+    if failed:
+        lines += ["", "Failed rollouts: " + "; ".join(f"{k} seed {s}: {m}" for k, s, m in failed)]
+    lines += ["", f"The HNN paper reports an energy MSE of {rep['paper_energy_mse_derivative_matching']:.3g} "
+              "for derivative matching on this task (its own budget and evaluation); our arm (a) is a "
+              "re-implementation, and the ratios above compare arms of this run only.",
+              f"Wall time of the run: {rep['wall_seconds']:.0f} s (shared, loaded cores: noisy).", ""]
+    return "\n".join(lines)
+
+
+def plot(task, arms, keep, stem: Path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [a for a in arms if keep.get(a.key) is not None]
+    n = len(shown)
+    fig, axes = plt.subplots(1, n, figsize=(3.0 * n, 3.0), squeeze=False)
+    ics = range(min(3, task.q_eval.shape[0]))
+    for ax, arm in zip(axes[0], shown):
+        q, p = keep[arm.key]
+        for i in ics:
+            if task.name == "twobody":
+                ax.plot(task.q_eval[i, :, 0], task.q_eval[i, :, 1], "k-", lw=2, alpha=0.5)
+                ax.plot(q[i, :, 0], q[i, :, 1], lw=1)
+                ax.set_xlabel("$x_1$")
+            else:
+                ax.plot(task.q_eval[i, :, 0], task.p_eval[i, :, 0], "k-", lw=2, alpha=0.5)
+                ax.plot(q[i, :, 0], p[i, :, 0], lw=1)
+                ax.set_xlabel("$q$")
+        ax.set_title(arm.label, fontsize=7)
+        ax.set_aspect("equal", adjustable="datalim")
+    axes[0][0].set_ylabel("$y_1$" if task.name == "twobody" else "$p$")
+    fig.suptitle(f"{task.name}: truth (grey) and rollouts (seed 0)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(stem.with_name(stem.name + "_phase.png"), dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    t = task.dt * np.arange(task.q_eval.shape[1])
+    e_true = task.energy(task.q_eval, task.p_eval)
+    for arm in shown:
+        q, p = keep[arm.key]
+        err = (task.energy(q, p) - e_true).abs().mean(0).numpy()
+        ax.semilogy(t[1:], err[1:], label=arm.label, lw=1)       # t = 0 is exact for every arm
+    ax.set_xlabel("t")
+    ax.set_ylabel("mean |H(x̂_t) − H(x_t)|")
+    ax.set_title(f"{task.name}: energy error along the rollouts (true H, seed 0)", fontsize=9)
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(stem.with_name(stem.name + "_energy.png"), dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--task", required=True, choices=sorted(CONFIG))
+    ap.add_argument("--quick", action="store_true", help="2 seeds, 300 steps, batches of 64 (~2 min)")
+    ap.add_argument("--seeds", type=int, help="number of seeds (default 5, --quick 2)")
+    ap.add_argument("--steps", type=int, help="gradient steps per arm")
+    ap.add_argument("--batch-size", type=int, help="samples (points or windows) per step")
+    ap.add_argument("--arms", help="comma-separated subset of a,b1,b5,b10,c,d")
+    ap.add_argument("--b-model", choices=["auto", "hnn"], default="auto",
+                    help="'hnn': arm (b) uses HNN + implicit midpoint even on separable tasks")
+    ap.add_argument("--node-window", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument("--out", default="results")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    rep = run(args.task, quick=args.quick, seeds=args.seeds, steps=args.steps, batch_size=args.batch_size,
+              arm_keys=args.arms.split(",") if args.arms else None, out=args.out,
+              progress=not args.no_progress, b_model=args.b_model, node_window=args.node_window,
+              threads=args.threads)
+    print(markdown(rep))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+r"""The arms of the HNN study: what is trained, on what, and how it is rolled out afterwards.
+
+(a)   ``a``    HNN (MLP H_θ(q, p)) by derivative matching (Greydanus et al. 2019), on the noisy
+               states with the true derivatives at the clean states, as in their data.py.
+(b)   ``b1``, ``b5``, ``b10``   trained through k = 1, 5, 10 symplectic steps per window of the
+               noisy trajectories (SRNN-style rollout loss): SeparableHNN + Verlet when the task
+               is separable (all three are), HNN + implicit midpoint otherwise (``b_model="hnn"``
+               forces the latter).  Rolled out with the same method and step.
+(c)   ``c``    HNN with the discretization-map residual loss of eq. (20) for the midpoint map on
+               consecutive noisy pairs (no solve in training); rolled out by implicit midpoint.
+(d)   ``d``    unstructured Neural ODE (MLP vector field) trained through torchdiffeq's RK4 on
+               windows of ``node_window`` steps; rolled out by the same RK4.
+
+The HNN of (a) is rolled out by an accurate integrator of its learned field (torchdiffeq dopri5,
+rtol 1e-9), as their analysis does with scipy.  Every arm uses the same MLP (2 × 200, tanh,
+orthogonal init), Adam with the same lr / weight decay, and the same number of gradient steps
+on batches of the same size (points for (a), windows for the others).  Training runs in
+float32; evaluation in float64 on a copy of the trained model.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+
+import torch
+from torchdiffeq import odeint
+
+from torchgeo_int.solvers import ConvergenceError
+from torchgeo_int.nn.losses import derivative_loss, make_windows, residual_loss, rollout_loss
+from torchgeo_int.nn.metrics import energy_drift, energy_mse, hamiltonian_error, predict, state_mse
+from torchgeo_int.nn.modules import HNN, MLPVectorField, SeparableHNN
+from torchgeo_int.nn.training import fit, seed_everything
+
+from .data import Task
+
+
+@dataclass(frozen=True)
+class Arm:
+    key: str
+    label: str
+    model: str          # HNN | SeparableHNN | MLPVectorField
+    loss: str           # derivative | rollout | residual | node
+    window: int         # steps per training window (0: points)
+    method: str         # the integrator of training (and of evaluation, except for (a))
+    evaluation: str
+
+
+def arms(task: Task, *, b_model: str = "auto", node_window: int = 5, windows=(1, 5, 10)):
+    sep = task.separable and b_model != "hnn"
+    b_cls, b_method = ("SeparableHNN", "verlet") if sep else ("HNN", "implicit_midpoint")
+    out = [Arm("a", "(a) HNN, derivative matching", "HNN", "derivative", 0, "dopri5",
+               "dopri5 (rtol 1e-9) on the learned field")]
+    for k in windows:
+        out.append(Arm(f"b{k}", f"(b) {b_cls} through {k} {b_method} step{'s' * (k > 1)}", b_cls,
+                       "rollout", k, b_method, f"{b_method}, h = dt"))
+    out.append(Arm("c", "(c) HNN, midpoint residual loss (eq. 20)", "HNN", "residual", 1,
+                   "implicit_midpoint", "implicit_midpoint, h = dt"))
+    out.append(Arm("d", f"(d) Neural ODE through {node_window} RK4 steps", "MLPVectorField", "node",
+                   node_window, "rk4", "rk4 (torchdiffeq), h = dt"))
+    return out
+
+
+def build_model(arm: Arm, task: Task, *, width: int = 200, depth: int = 2):
+    cls = {"HNN": HNN, "SeparableHNN": SeparableHNN, "MLPVectorField": MLPVectorField}[arm.model]
+    return cls(task.dim, width=width, depth=depth, activation="tanh")
+
+
+def node_loss(model, q, p, *, dt, substeps=1):
+    """Windows (N, k+1, n) through torchdiffeq's fixed-step RK4 (step dt/substeps)."""
+    k = q.shape[1] - 1
+    x = torch.cat([q, p], -1)
+    t = dt * torch.arange(k + 1, dtype=q.dtype)
+    xs = odeint(model, x[:, 0], t, method="rk4", options=dict(step_size=dt / substeps))
+    e = xs[1:] - x[:, 1:].transpose(0, 1)
+    return (e * e).mean()
+
+
+def loss_and_data(arm: Arm, task: Task, *, substeps: int = 1):
+    dt = task.dt
+    if arm.loss == "derivative":
+        pts = [x.reshape(-1, task.dim) for x in (task.q_train, task.p_train, task.dq_train, task.dp_train)]
+        return derivative_loss, tuple(pts)
+    data = make_windows(task.q_train, task.p_train, arm.window)
+    if arm.loss == "rollout":
+        return (lambda m, q, p: rollout_loss(m, q, p, dt=dt, method=arm.method, substeps=substeps)), data
+    if arm.loss == "residual":
+        return (lambda m, q, p: residual_loss(m, q, p, dt=dt)), data
+    if arm.loss == "node":
+        return (lambda m, q, p: node_loss(m, q, p, dt=dt, substeps=substeps)), data
+    raise ValueError(arm.loss)
+
+
+def train(arm: Arm, task: Task, *, seed: int, steps: int, batch_size: int | None, lr: float,
+          weight_decay: float, substeps: int = 1, width: int = 200, depth: int = 2,
+          progress: bool = True, max_time: float | None = None, dtype=torch.float32):
+    """Seeded model + fit; returns (model, fit history)."""
+    seed_everything(seed)
+    model = build_model(arm, task, width=width, depth=depth).to(dtype)
+    loss_fn, data = loss_and_data(arm, task.to(dtype), substeps=substeps)
+    hist = fit(model, loss_fn, data, steps=steps, batch_size=batch_size, lr=lr,
+               weight_decay=weight_decay, seed=seed, progress=progress,
+               desc=f"{task.name} {arm.key} seed {seed}", max_time=max_time)
+    return model, hist
+
+
+def rollout_model(model, arm: Arm, task: Task, *, substeps: int = 1):
+    """(q, p) of shape (B, S+1, n) from the clean test initial states over the horizon, float64."""
+    model = copy.deepcopy(model).double().eval()
+    q0, p0 = task.q_eval[:, 0], task.p_eval[:, 0]
+    S = task.q_eval.shape[1] - 1
+    n = task.dim
+    if arm.method in ("dopri5", "rk4"):
+        if arm.model == "MLPVectorField":
+            f = model
+        else:
+            def f(t, x):
+                dq, dp = model.vector_field(x[..., :n], x[..., n:], t)
+                return torch.cat([dq, dp], -1)
+        t = task.dt * torch.arange(S + 1, dtype=torch.float64)
+        opts = (dict(rtol=1e-9, atol=1e-10) if arm.method == "dopri5"
+                else dict(options=dict(step_size=task.dt / substeps)))
+        with torch.no_grad():
+            xs = odeint(f, torch.cat([q0, p0], -1), t, method=arm.method, **opts)
+        xs = xs.transpose(0, 1)
+        return xs[..., :n], xs[..., n:]
+    return predict(model, q0, p0, h=task.dt / substeps, steps=S * substeps, method=arm.method,
+                   save_every=substeps)
+
+
+def evaluate(model, arm: Arm, task: Task, *, substeps: int = 1):
+    """Metrics on the held-out initial conditions (a rollout that blows up or an implicit step
+    that fails to converge is recorded as inf with the reason, not raised)."""
+    t0 = time.perf_counter()
+    try:
+        q, p = rollout_model(model, arm, task, substeps=substeps)
+    except (FloatingPointError, ConvergenceError, AssertionError) as err:
+        inf = float("inf")
+        return {"state_mse": inf, "energy_mse": inf, "energy_drift": inf,
+                "failed": f"{type(err).__name__}: {err}",
+                "eval_seconds": time.perf_counter() - t0}, None
+    H = task.energy
+    out = {
+        "state_mse": float(state_mse(q, p, task.q_eval, task.p_eval)),
+        "energy_mse": float(energy_mse(H, q, p, task.q_eval, task.p_eval)),
+        "energy_drift": float(energy_drift(H, q, p)),
+    }
+    if arm.model != "MLPVectorField":
+        m64 = copy.deepcopy(model).double()
+        out["eps_H"] = float(hamiltonian_error(m64, H, task.q_points, task.p_points))
+        out["eps_H_rel"] = float(hamiltonian_error(m64, H, task.q_points, task.p_points, relative=True))
+    out["eval_seconds"] = time.perf_counter() - t0
+    return out, (q, p)

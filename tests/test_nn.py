@@ -1,0 +1,457 @@
+"""torchgeo_int.nn: HNN modules, rollout layers, losses, training loop, metrics (float64, tiny nets)."""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import torchgeo_int as tgi
+from torchgeo_int.nn.layers import SymplecticRollout, SymplecticStep
+from torchgeo_int.nn.losses import (derivative_loss, finite_differences, make_windows,
+                                    residual_loss, rollout_loss)
+from torchgeo_int.nn.metrics import (energy_drift, energy_mse, hamiltonian_error, predict,
+                                     rollout_mse, state_mse)
+from torchgeo_int.nn.modules import HNN, MLPVectorField, MechanicalHNN, SeparableHNN
+from torchgeo_int.nn.training import TensorBatches, fit, load_checkpoint, save_checkpoint
+
+TINY = dict(width=8, depth=2)
+
+
+def _tiny(kind, dim=1):
+    if kind == "hnn":
+        return HNN(dim, **TINY)
+    if kind == "separable":
+        return SeparableHNN(dim, **TINY)
+    if kind == "mechanical":
+        return MechanicalHNN(dim, **TINY)
+    if kind == "mechanical_const":
+        return MechanicalHNN(dim, constant_mass=True, **TINY)
+    raise AssertionError(kind)
+
+
+def _pendulum_trajectories(B=4, T=9, h=0.2):
+    """Trajectories of H = p²/2 + (1 − cos q) from yoshida8 at small steps, sampled every h."""
+    H = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: (1 - torch.cos(q)).sum(-1),
+                                 kinetic_grad=lambda p: p, potential_grad=torch.sin)
+    q0 = torch.linspace(-1.0, 1.0, B)[:, None]
+    p0 = torch.linspace(0.5, -0.3, B)[:, None]
+    with torch.no_grad():
+        q, p = tgi.rollout(H, q0, p0, h=h / 8, steps=8 * (T - 1), method="yoshida8", save_every=8)
+    return H, q.transpose(0, 1).contiguous(), p.transpose(0, 1).contiguous()
+
+
+def _directional_check(model, loss, eps=1e-6, tol=1e-6):
+    """⟨∇_θ L, v⟩ against a central difference of L along a random direction v."""
+    params = [p for p in model.parameters()]
+    L = loss()
+    grads = torch.autograd.grad(L, params, allow_unused=True)
+    v = [torch.randn_like(p) for p in params]
+    analytic = sum(float((g * d).sum()) for g, d in zip(grads, v) if g is not None)
+    with torch.no_grad():
+        for p, d in zip(params, v):
+            p.add_(eps * d)
+    Lp = float(loss().detach())
+    with torch.no_grad():
+        for p, d in zip(params, v):
+            p.sub_(2 * eps * d)
+    Lm = float(loss().detach())
+    with torch.no_grad():
+        for p, d in zip(params, v):
+            p.add_(eps * d)
+    fd = (Lp - Lm) / (2 * eps)
+    assert abs(analytic) > 1e-8, "degenerate check: the directional derivative vanishes"
+    assert abs(analytic - fd) < tol * max(1.0, abs(fd)), (analytic, fd)
+
+
+# -- gradients of every loss w.r.t. the parameters -------------------------------------------
+
+@pytest.mark.parametrize("kind,method", [("separable", "verlet"), ("separable", "yoshida4"),
+                                         ("hnn", "implicit_midpoint"), ("mechanical", "verlet")])
+def test_rollout_loss_gradient_matches_finite_differences(kind, method):
+    _, q, p = _pendulum_trajectories()
+    qw, pw = make_windows(q, p, 3)
+    model = _tiny(kind)
+    _directional_check(model, lambda: rollout_loss(model, qw, pw, dt=0.2, method=method))
+
+
+@pytest.mark.parametrize("R", [tgi.MidpointMap(), tgi.AlphaMap(0.3),
+                               tgi.RetractionMap(lambda x, v: x + v + 0.1 * v * v, alpha=0.5)],
+                         ids=["midpoint", "alpha0.3", "retraction"])
+def test_residual_loss_gradient_matches_finite_differences(R):
+    _, q, p = _pendulum_trajectories()
+    model = _tiny("hnn")
+    _directional_check(model, lambda: residual_loss(model, q, p, dt=0.2, R=R))
+
+
+def test_derivative_loss_gradient_matches_finite_differences():
+    H, q, p = _pendulum_trajectories()
+    dq, dp = H.vector_field(q, p)
+    for model in (_tiny("hnn"), _tiny("mechanical")):
+        _directional_check(model, lambda: derivative_loss(model, q, p, dq, dp))
+
+
+# -- losses: what they measure ---------------------------------------------------------------
+
+class Quadratic(tgi.Hamiltonian):
+    """H = a q² + b p² + c q p with learnable (a, b, c) (c = 0 and frozen: separable data)."""
+
+    def __init__(self, a, b, c=0.0):
+        super().__init__(None, time_dependent=False)
+        self.a, self.b, self.c = (nn.Parameter(torch.tensor(float(x))) for x in (a, b, c))
+
+    def hamiltonian(self, q, p, t=0.0):
+        return (self.a * q * q + self.b * p * p + self.c * q * p).sum(-1)
+
+
+class SeparableQuadratic(tgi.SeparableHamiltonian):
+    """H = a q² + b p², learnable, as T(p) + V(q): the explicit methods apply."""
+
+    def __init__(self, a, b):
+        super().__init__(lambda p: self.b_ * (p * p).sum(-1), lambda q: self.a_ * (q * q).sum(-1))
+        self.a_, self.b_ = nn.Parameter(torch.tensor(float(a))), nn.Parameter(torch.tensor(float(b)))
+
+
+@pytest.mark.parametrize("R,method", [
+    (tgi.MidpointMap(), "implicit_midpoint"),
+    (tgi.AlphaMap(0.3), tgi.CotangentLiftIntegrator(tgi.AlphaMap(0.3))),
+    (tgi.RetractionMap(lambda x, v: x + v + 0.1 * v * v, alpha=0.5),
+     tgi.CotangentLiftIntegrator(tgi.RetractionMap(lambda x, v: x + v + 0.1 * v * v, alpha=0.5))),
+], ids=["midpoint", "alpha0.3", "retraction"])
+def test_residual_loss_vanishes_exactly_on_the_integrators_own_steps(R, method):
+    """Eq. (20): data made by CotangentLiftIntegrator(R) for H have zero residual under H only."""
+    H = Quadratic(0.7, 0.4, 0.2)
+    q0 = torch.tensor([[0.5], [-0.3], [0.1]])
+    p0 = torch.tensor([[0.0], [0.4], [-0.6]])
+    with torch.no_grad():
+        q, p = tgi.rollout(H, q0, p0, h=0.1, steps=6, method=method)
+    q, p = q.transpose(0, 1), p.transpose(0, 1)
+    with torch.no_grad():
+        assert float(residual_loss(H, q, p, dt=0.1, R=R)) < 1e-24
+        other = Quadratic(0.7, 0.45, 0.2)
+        assert float(residual_loss(other, q, p, dt=0.1, R=R)) > 1e-6
+
+
+def test_midpoint_residual_is_the_implicit_midpoint_equation():
+    H, q, p = _pendulum_trajectories()
+    model = _tiny("hnn")
+    h = 0.2
+    qm, pm = (q[:, 1:] + q[:, :-1]) / 2, (p[:, 1:] + p[:, :-1]) / 2
+    dq, dp = model.vector_field(qm, pm)
+    expected = (((q[:, 1:] - q[:, :-1]) / h - dq) ** 2).mean() / 2 + (((p[:, 1:] - p[:, :-1]) / h - dp) ** 2).mean() / 2
+    got = residual_loss(model, q, p, dt=h)
+    assert torch.allclose(got, expected, rtol=1e-12)
+
+
+def test_rollout_loss_vanishes_on_own_steps_and_equals_layer_error():
+    H = Quadratic(0.5, 0.5)
+    q0, p0 = torch.tensor([[0.4], [-0.2]]), torch.tensor([[0.1], [0.5]])
+    layer = SymplecticRollout(H, "verlet", h=0.1, steps=12, save_every=3)
+    with torch.no_grad():
+        q, p = layer(q0, p0)
+    q, p = q.transpose(0, 1), p.transpose(0, 1)
+    with torch.no_grad():
+        assert float(rollout_loss(H, q, p, dt=0.3, method="verlet", substeps=3)) < 1e-28
+        assert float(rollout_loss(H, q, p, dt=0.3, method="verlet", substeps=1)) > 1e-8
+
+
+def test_derivative_loss_zero_on_true_field_and_finite_differences_are_second_order():
+    H, q, p = _pendulum_trajectories(T=17, h=0.05)
+    dq, dp = H.vector_field(q, p)
+    assert float(derivative_loss(H, q, p, dq, dp).detach()) < 1e-30
+    e1 = (finite_differences(q, p, 0.05)[1] - dp).abs().max()
+    H2, q2, p2 = _pendulum_trajectories(T=33, h=0.025)
+    e2 = (finite_differences(q2, p2, 0.025)[1] - H2.vector_field(q2, p2)[1]).abs().max()
+    assert 3.0 < float((e1 / e2).detach()) < 5.0        # halving the spacing divides the error by ~4
+
+
+def test_make_windows_layout():
+    q = torch.arange(2 * 5 * 1.0).reshape(2, 5, 1)
+    qw, pw = make_windows(q, -q, 2)
+    assert qw.shape == (2 * 3, 3, 1)
+    assert torch.equal(qw[4, :, 0], torch.tensor([6.0, 7.0, 8.0]))   # trajectory 1, window 1
+    assert torch.equal(pw, -qw)
+    assert make_windows(q, q, 2, stride=2)[0].shape == (2 * 2, 3, 1)
+
+
+# -- training a known H to its true coefficients ---------------------------------------------
+
+@pytest.mark.parametrize("method", ["verlet", "implicit_midpoint"])
+def test_rollout_layer_trains_quadratic_to_true_coefficients(method):
+    """Data from the same method with H* = 0.8 q² + 0.3 p²: the layer's loss is zero only at
+    (a, b) = (0.8, 0.3), and training from (0.5, 0.5) gets there (separable form for Verlet,
+    generic form — fixed-point steps, implicit backward — for the midpoint rule)."""
+    make = SeparableQuadratic if method == "verlet" else Quadratic
+    true = make(0.8, 0.3)
+    q0 = torch.linspace(-1, 1, 6)[:, None]
+    p0 = torch.linspace(0.8, -0.5, 6)[:, None]
+    steps = 5 if method == "verlet" else 3     # implicit steps cost a fixed point each
+    with torch.no_grad():
+        q, p = SymplecticRollout(true, method, h=0.2, steps=steps)(q0, p0)
+    model = make(0.5, 0.5)
+    params = [model.a_, model.b_] if method == "verlet" else [model.a, model.b]
+    if method != "verlet":
+        model.c.requires_grad_(False)
+    layer = SymplecticRollout(model, method, h=0.2, steps=steps)
+
+    def loss(m, q0_, p0_, qt, pt):
+        qs, ps = m(q0_, p0_)                 # time first; the data are samples first
+        return ((qs.transpose(0, 1) - qt) ** 2).mean() + ((ps.transpose(0, 1) - pt) ** 2).mean()
+
+    data = (q0, p0, q.transpose(0, 1), p.transpose(0, 1))
+    opt = torch.optim.Adam(params, lr=0.03)
+    fit(layer, loss, data, steps=80, optimizer=opt, progress=False)
+    for g in opt.param_groups:
+        g["lr"] = 0.003
+    fit(layer, loss, data, steps=40, optimizer=opt, progress=False)
+    a, b = (float(x.detach()) for x in params)
+    assert abs(a - 0.8) < 2e-3 and abs(b - 0.3) < 2e-3, (a, b)
+
+
+def test_tiny_hnn_learns_pendulum_through_verlet():
+    """A tiny SeparableHNN trained through Verlet windows cuts its held-out rollout error."""
+    H, q, p = _pendulum_trajectories(B=6, T=11, h=0.2)
+    qw, pw = make_windows(q[:4], p[:4], 2)
+    torch.manual_seed(1)
+    model = SeparableHNN(1, width=16, depth=2)
+    before = float(rollout_mse(model, q[4:], p[4:], dt=0.2))
+    fit(model, lambda m, a, b: rollout_loss(m, a, b, dt=0.2, method="verlet"), (qw, pw),
+        steps=150, lr=1e-2, progress=False)
+    after = float(rollout_mse(model, q[4:], p[4:], dt=0.2))
+    assert after < 0.1 * before, (before, after)
+
+
+# -- checkpoints -----------------------------------------------------------------------------
+
+def _noisy_loss(m, a, b):
+    # torch's global RNG inside the loss: the checkpoint must carry its state
+    noise = 1e-3 * torch.randn_like(a)
+    return rollout_loss(m, a + noise, b, dt=0.2, method="verlet")
+
+
+def test_checkpoint_resume_is_bit_identical(tmp_path):
+    _, q, p = _pendulum_trajectories(B=4, T=9)
+    data = make_windows(q, p, 2)           # 28 windows, batches of 8: 3 per epoch, shuffled
+    torch.manual_seed(3)
+    ref = SeparableHNN(1, **TINY)
+    init = {k: v.clone() for k, v in ref.state_dict().items()}
+    full = fit(ref, _noisy_loss, data, steps=10, batch_size=8, seed=7, progress=False)
+
+    ck = tmp_path / "ck.pt"
+    first = SeparableHNN(1, **TINY)
+    first.load_state_dict(init)
+    fit(first, _noisy_loss, data, steps=4, batch_size=8, seed=7, progress=False, checkpoint=ck)
+    torch.randn(100)                         # disturb the global RNG between the two runs
+    second = SeparableHNN(1, **TINY)        # different init: everything comes from the file
+    rest = fit(second, _noisy_loss, data, steps=10, batch_size=8, seed=7, progress=False,
+               checkpoint=ck, resume=True)
+    for (k, a), b in zip(ref.state_dict().items(), second.state_dict().values()):
+        assert torch.equal(a, b), k
+    assert rest["loss"] == full["loss"] and rest["step"] == 10
+    blob = torch.load(ck, weights_only=True)
+    assert blob["step"] == 10 and len(blob["history"]["loss"]) == 10
+
+
+def test_checkpoint_functions_and_resume_errors(tmp_path):
+    model = HNN(1, **TINY)
+    opt = torch.optim.Adam(model.parameters())
+    path = save_checkpoint(tmp_path / "a" / "c.pt", model, opt, step=3, history={"loss": [1.0, 0.5]},
+                           extra={"note": "x"})
+    other = HNN(1, **TINY)
+    state = load_checkpoint(path, other, torch.optim.Adam(other.parameters()))
+    assert state == {"step": 3, "history": {"loss": [1.0, 0.5]}, "extra": {"note": "x"}}
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), other.parameters()))
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        fit(model, lambda m, x: m.energy(x, x).mean(), torch.zeros(4, 1), steps=1,
+            resume=tmp_path / "missing.pt", progress=False)
+    torch.save({"weights": torch.zeros(1)}, tmp_path / "foreign.pt")
+    with pytest.raises(ValueError, match="not a torchgeo_int.nn checkpoint"):
+        load_checkpoint(tmp_path / "foreign.pt", model)
+
+
+# -- modules ---------------------------------------------------------------------------------
+
+def test_mechanical_mass_matrix_is_positive_definite():
+    torch.manual_seed(2)
+    model = MechanicalHNN(3, width=16, depth=2, eps=1e-3)
+    with torch.no_grad():                    # leave the benign init: random, large weights
+        for prm in model.parameters():
+            prm.normal_(0.0, 3.0)
+    q = 5 * torch.randn(200, 3)
+    M = model.mass_matrix(q).detach()
+    assert torch.allclose(M, M.mT, atol=1e-12)
+    eig = torch.linalg.eigvalsh(M)
+    assert float(eig.min()) >= 1e-3 * (1 - 1e-9)
+    p = torch.randn(200, 3)
+    assert bool((model.kinetic(q, p) > 0).all())
+    # X_H's velocity half is M(q)⁻¹ p
+    dq, _ = model.vector_field(q, p)
+    assert torch.allclose(dq, torch.linalg.solve(M, p.unsqueeze(-1)).squeeze(-1), atol=1e-10)
+    # the initialisation is M ≡ (1 + ε) I
+    fresh = MechanicalHNN(3, width=16, eps=1e-3)
+    assert torch.allclose(fresh.mass_matrix(q), (1 + 1e-3) * torch.eye(3).expand(200, 3, 3), atol=1e-12)
+
+
+def test_module_defaults_and_structure():
+    m = HNN(2)
+    linears = [l for l in m.net if isinstance(l, nn.Linear)]
+    assert [tuple(l.weight.shape) for l in linears] == [(200, 4), (200, 200), (1, 200)]
+    assert isinstance(m.net[1], nn.Tanh)
+    W = linears[1].weight
+    assert torch.allclose(W @ W.T, torch.eye(200), atol=1e-10)     # orthogonal init
+    assert SeparableHNN(2).separable and not HNN(2).separable
+    assert MechanicalHNN(2, constant_mass=True).separable and not MechanicalHNN(2).separable
+    s = SeparableHNN(2, **TINY)
+    q, p = torch.randn(5, 2), torch.randn(5, 2)
+    assert torch.allclose(s.energy(q, p), s.kinetic(p) + s.potential(q))
+    f = MLPVectorField(2, **TINY)
+    dq, dp = f.vector_field(q, p)
+    assert torch.equal(torch.cat([dq, dp], -1), f(0.0, torch.cat([q, p], -1)))
+
+
+def _symplectic_defect(step, q, p):
+    n = q.shape[-1]
+    J0 = torch.zeros(2 * n, 2 * n)
+    J0[:n, n:], J0[n:, :n] = torch.eye(n), -torch.eye(n)
+
+    def flat(x):
+        q1, p1 = step(x[:n], x[n:])
+        return torch.cat([q1, p1])
+
+    J = torch.autograd.functional.jacobian(flat, torch.cat([q, p]))
+    return float((J.T @ J0 @ J - J0).abs().max())
+
+
+METHOD_CASES = ["verlet", "yoshida4", "symplectic_euler", "implicit_midpoint",
+                "implicit_midpoint_yoshida4", tgi.CotangentLiftIntegrator(tgi.AlphaMap(0.3))]
+
+
+@pytest.mark.parametrize("kind", ["hnn", "separable", "mechanical", "mechanical_const"])
+@pytest.mark.parametrize("method", METHOD_CASES, ids=lambda m: m if isinstance(m, str) else "alpha0.3")
+def test_modules_with_every_kind_of_method(kind, method):
+    """One step of every method on every module: a symplectic map (Jᵀ J₀ J = J₀), energy nearly
+    kept, parameter gradients through it."""
+    torch.manual_seed(4)
+    model = _tiny(kind, dim=2)
+    step = SymplecticStep(model, method, h=0.05)
+    q, p = torch.tensor([0.3, -0.2]), torch.tensor([0.1, 0.4])
+    assert _symplectic_defect(step, q, p) < 1e-10
+    q1, p1 = step(q, p)
+    with torch.no_grad():
+        assert abs(float(model.energy(q1, p1) - model.energy(q, p))) < 1e-2
+    grads = torch.autograd.grad((q1 ** 2).sum() + p1.sum(), list(model.parameters()), allow_unused=True)
+    assert any(g is not None and float(g.abs().max()) > 0 for g in grads)
+
+
+def test_step_layer_equals_rollout_and_is_differentiable_in_the_state():
+    model = _tiny("hnn", dim=1)
+    step = SymplecticStep(model, "implicit_midpoint", h=0.3, substeps=3)
+    q0, p0 = torch.tensor([[0.2]]), torch.tensor([[-0.1]])
+    q1, p1 = step(q0, p0)
+    qs, ps = tgi.rollout(model, q0, p0, h=0.1, steps=3, method="implicit_midpoint")
+    assert torch.allclose(q1, qs[-1], atol=1e-14) and torch.allclose(p1, ps[-1], atol=1e-14)
+    qg, pg = q0.clone().requires_grad_(), p0.clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b: step(a, b), (qg, pg))
+
+
+def test_float32_training_step():
+    _, q, p = _pendulum_trajectories()
+    q, p = q.float(), p.float()
+    qw, pw = make_windows(q, p, 2)
+    model = SeparableHNN(1, **TINY).float()
+    out = fit(model, lambda m, a, b: rollout_loss(m, a, b, dt=0.2, method="yoshida4"), (qw, pw),
+              steps=40, lr=1e-2, progress=False)
+    assert all(prm.dtype == torch.float32 for prm in model.parameters())
+    assert out["loss"][-1] < 0.5 * out["loss"][0]
+    hm = HNN(1, **TINY).float()
+    loss = residual_loss(hm, q, p, dt=0.2) + rollout_loss(hm, qw, pw, dt=0.2, method="implicit_midpoint")
+    assert loss.dtype == torch.float32 and math.isfinite(float(loss.detach()))
+
+
+# -- metrics ---------------------------------------------------------------------------------
+
+def test_metrics():
+    H, q, p = _pendulum_trajectories()
+    assert float(state_mse(q, p, q, p)) == 0.0
+    assert float(energy_mse(H, q, p, q, p)) == 0.0
+    assert float(energy_drift(H, q, p)) < 1e-10          # yoshida8 at h/8 keeps H
+    shifted = tgi.Hamiltonian(lambda q_, p_: H.energy(q_, p_) + 5.0)
+    assert float(hamiltonian_error(shifted, H, q, p)) < 1e-14     # a constant is invisible
+    scaled = tgi.Hamiltonian(lambda q_, p_: 1.1 * H.energy(q_, p_))
+    assert float(hamiltonian_error(scaled, H, q, p, relative=True)) == pytest.approx(0.1, rel=1e-9)
+    qp, pp = predict(H, q[:, 0], p[:, 0], h=0.025, steps=64, method="yoshida8", save_every=8)
+    assert qp.shape == q.shape and float(state_mse(qp, pp, q, p)) < 1e-20
+    assert float(rollout_mse(H, q, p, dt=0.2, method="yoshida8", substeps=8)) < 1e-20
+    drift = energy_drift(H, q, p, reduction="none")
+    assert drift.shape == (q.shape[0],)
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+def test_bad_data_raises_clearly():
+    model = _tiny("separable")
+    q, p = torch.randn(4, 5, 1), torch.randn(4, 5, 1)
+    bad = q.clone()
+    bad[1, 2, 0] = float("nan")
+    with pytest.raises(ValueError, match="q contains NaN"):
+        rollout_loss(model, bad, p, dt=0.1)
+    with pytest.raises(ValueError, match="same shape"):
+        residual_loss(model, q, p[:, :4], dt=0.1)
+    with pytest.raises(ValueError, match=r"\(N, L, n\)"):
+        rollout_loss(model, q[0], p[0], dt=0.1)
+    with pytest.raises(ValueError, match="at least 2 states"):
+        residual_loss(model, q[:, :1], p[:, :1], dt=0.1)
+    with pytest.raises(ValueError, match="dt must be a finite nonzero"):
+        rollout_loss(model, q, p, dt=0.0)
+    with pytest.raises(ValueError, match=r"shape \(\.\.\., 1\)"):
+        rollout_loss(model, torch.randn(4, 5, 2), torch.randn(4, 5, 2), dt=0.1)
+    with pytest.raises(ValueError, match="k must be"):
+        make_windows(q, p, 0)
+    with pytest.raises(ValueError, match="needs at least 6 states"):
+        make_windows(q, p, 5)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        derivative_loss(model, q, p, [0.0], p)
+    with pytest.raises(ValueError, match="unknown method"):
+        SymplecticStep(model, "leapfrog9", h=0.1)
+    with pytest.raises(ValueError, match="step size"):
+        SymplecticRollout(model, "verlet", h=0.0, steps=3)
+    with pytest.raises(ValueError, match="unknown activation"):
+        HNN(1, activation="relu6")
+    with pytest.raises(ValueError, match="eps"):
+        MechanicalHNN(1, eps=0.0)
+    with pytest.raises(NotImplementedError, match="autonomous"):
+        rollout_loss(tgi.Hamiltonian(lambda q_, p_, t: (p_ * p_).sum(-1) * t), q, p, dt=0.1)
+
+
+def test_fit_rejects_bad_data_and_options():
+    model = _tiny("hnn")
+    loss = lambda m, a, b: rollout_loss(m, a, b, dt=0.1, method="implicit_midpoint")  # noqa: E731
+    q, p = torch.randn(6, 3, 1), torch.randn(6, 3, 1)
+    with pytest.raises(ValueError, match="same number of samples"):
+        fit(model, loss, (q, p[:5]), steps=1, progress=False)
+    bad = p.clone()
+    bad[0, 0, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"data\[1\] contains NaN or inf"):
+        fit(model, loss, (q, bad), steps=1, progress=False)
+    with pytest.raises(ValueError, match="exactly one of steps"):
+        fit(model, loss, (q, p), steps=1, epochs=1, progress=False)
+    with pytest.raises(ValueError, match="batch_size"):
+        fit(model, loss, (q, p), steps=1, batch_size=0, progress=False)
+    with pytest.raises(ValueError, match="checkpoint_every needs"):
+        fit(model, loss, (q, p), steps=1, checkpoint_every=1, progress=False)
+    with pytest.raises(TypeError, match="scalar tensor"):
+        fit(model, lambda m, a, b: a.sum(-1), (q, p), steps=1, progress=False)
+    with pytest.raises(FloatingPointError, match="non-finite at step 0"):
+        fit(model, lambda m, a, b: loss(m, a, b) * float("nan"), (q, p), steps=3, progress=False)
+
+
+def test_tensor_batches_are_a_function_of_seed_and_epoch():
+    x = torch.arange(10.0)[:, None]
+    a = TensorBatches(x, 3, seed=5)
+    assert len(a) == 3
+    e1 = [b[0].flatten().tolist() for b in a.epoch(1)]
+    assert e1 == [b[0].flatten().tolist() for b in TensorBatches(x, 3, seed=5).epoch(1)]
+    assert e1 != [b[0].flatten().tolist() for b in a.epoch(2)]
+    assert [b[0].flatten().tolist() for b in a.epoch(1, start=2)] == e1[2:]
+    assert sorted(sum(e1, [])) == sorted(set(sum(e1, [])))      # no repeats within an epoch
+    full = TensorBatches(x)
+    assert len(full) == 1 and torch.equal(next(iter(full.epoch(0)))[0], x)

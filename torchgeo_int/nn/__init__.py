@@ -1,0 +1,23 @@
+"""Hamiltonian neural networks trained through structure-preserving steps.
+
+modules (learned Hamiltonians) → layers (steps and rollouts as nn.Modules) → losses
+(rollout, discretization-map residual, derivative matching) → training (fit, checkpoints) and
+metrics (rollout/energy errors, ε_H).  Everything steps through ``torchgeo_int``'s integrators.
+"""
+from .layers import SymplecticRollout, SymplecticStep
+from .losses import (derivative_loss, finite_differences, make_windows, residual_loss,
+                     rollout_loss)
+from .metrics import (energy_drift, energy_mse, hamiltonian_error, predict, rollout_mse,
+                      state_mse)
+from .modules import HNN, MLP, MLPVectorField, MechanicalHNN, ScalarMLP, SeparableHNN
+from .training import (TensorBatches, fit, load_checkpoint, make_optimizer, save_checkpoint,
+                       seed_everything)
+
+__all__ = [
+    "HNN", "SeparableHNN", "MechanicalHNN", "MLPVectorField", "MLP", "ScalarMLP",
+    "SymplecticStep", "SymplecticRollout",
+    "rollout_loss", "residual_loss", "derivative_loss", "finite_differences", "make_windows",
+    "fit", "seed_everything", "make_optimizer", "TensorBatches", "save_checkpoint",
+    "load_checkpoint",
+    "predict", "state_mse", "rollout_mse", "energy_mse", "energy_drift", "hamiltonian_error",
+]

@@ -1,0 +1,169 @@
+r"""Losses that fit a learned Hamiltonian H_θ to observed trajectories.
+
+Data convention: observed states at uniform spacing ``dt`` are tensors ``q, p`` of shape
+``(N, L, n)`` — N trajectories (or windows), L states each, n coordinates; sample dims lead,
+time is dim 1 (:func:`make_windows` cuts long trajectories into such windows).
+
+* :func:`rollout_loss`     multi-step rollout loss (SRNN-style, Chen et al. ICLR 2020): from
+  the first state of each window, k steps of any integrator against the k observed states.
+* :func:`residual_loss`    the discretization-map residual of eq. (20) of the seed paper for
+  observed pairs (x_k, x_{k+1}): with (base, tangent) = (R_d^{T*})⁻¹(x_k, x_{k+1}),
+  r = tangent − h X_{H_θ}(base).  Zero exactly when x_{k+1} is the cotangent-lift step of H_θ from
+  x_k, so it trains the map the integrator will apply, with no implicit solve at training time.
+  For the midpoint map it is the midpoint loss of SympNets-style training (David & Méhats 2021).
+* :func:`derivative_loss`  derivative matching (Greydanus et al. 2019): |X_{H_θ}(x) − ẋ|² at
+  observed points, with ẋ the true field or :func:`finite_differences` of the data.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..lifts import CotangentLift
+from ..maps import DiscretizationMap, MidpointMap
+from ..rollout import as_system, rollout
+
+Tensor = torch.Tensor
+
+
+def _check_number(h, name) -> float:
+    if isinstance(h, bool) or not isinstance(h, (int, float)):
+        raise TypeError(f"{name} must be a real number, got {type(h).__name__}")
+    h = float(h)
+    if h == 0.0 or not math.isfinite(h):
+        raise ValueError(f"{name} must be a finite nonzero number, got {h}")
+    return h
+
+
+def check_data(*tensors: Tensor, names: tuple[str, ...], ndim: int | None = None,
+               min_len: int | None = None) -> None:
+    """Observed data: floating-point tensors of one shape, dtype and device, all finite.
+    ``ndim`` fixes the number of dims; ``min_len`` is the least length of dim 1 (time)."""
+    first = None
+    for x, name in zip(tensors, names):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if not x.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+        if ndim is not None and x.dim() != ndim:
+            layout = "(N, L, n): N samples, L states in time, n coordinates" if ndim == 3 else f"{ndim} dims"
+            raise ValueError(f"{name} must have shape {layout}, got shape {tuple(x.shape)}")
+        if min_len is not None and x.shape[1] < min_len:
+            raise ValueError(f"{name} needs at least {min_len} states along dim 1 (time), "
+                             f"got shape {tuple(x.shape)}")
+        if first is None:
+            first = (x, name)
+        else:
+            a, an = first
+            if x.shape != a.shape:
+                raise ValueError(f"{an} and {name} must have the same shape, got "
+                                 f"{tuple(a.shape)} and {tuple(x.shape)}")
+            if x.dtype != a.dtype or x.device != a.device:
+                raise ValueError(f"{an} and {name} must share dtype and device, got "
+                                 f"{a.dtype}/{a.device} and {x.dtype}/{x.device}")
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{name} contains NaN or inf")
+
+
+def _autonomous(model) -> None:
+    if getattr(model, "time_dependent", False):
+        raise NotImplementedError("the trajectory losses take windows without their start times, "
+                                  "so they need an autonomous H(q, p)")
+
+
+def make_windows(q: Tensor, p: Tensor, k: int, *, stride: int = 1) -> tuple[Tensor, Tensor]:
+    """All windows of k+1 consecutive states of trajectories ``q, p`` of shape ``(B, T, n)``:
+    returns ``(q_w, p_w)`` of shape ``(B * W, k + 1, n)`` with W = (T − k − 1)//stride + 1,
+    trajectory-major (window j of trajectory b is row b·W + j)."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an int >= 1, got {k!r}")
+    if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
+        raise ValueError(f"stride must be an int >= 1, got {stride!r}")
+    check_data(q, p, names=("q", "p"), ndim=3, min_len=k + 1)
+
+    def cut(x):
+        w = x.unfold(1, k + 1, stride)             # (B, W, n, k+1)
+        return w.permute(0, 1, 3, 2).reshape(-1, k + 1, x.shape[-1])
+
+    return cut(q), cut(p)
+
+
+def rollout_loss(model, q: Tensor, p: Tensor, *, dt: float, method="verlet", substeps: int = 1,
+                 **rollout_options) -> Tensor:
+    r"""Mean squared error of a k-step rollout from the first state of each window:
+
+        (1 / (2 k n N)) Σ_windows Σ_{j=1..k} |Φ_h^{substeps}{}^{∘ j}(x₀) − x_j|²,   h = dt / substeps,
+
+    over windows ``q, p`` of shape ``(N, k + 1, n)`` (k ≥ 1).  ``method`` is any integrator;
+    gradients go through every step (implicit ones by the solver's implicit backward).
+    """
+    system = as_system(model)
+    _autonomous(system)
+    dt = _check_number(dt, "dt")
+    if isinstance(substeps, bool) or not isinstance(substeps, int) or substeps < 1:
+        raise ValueError(f"substeps must be an int >= 1, got {substeps!r}")
+    check_data(q, p, names=("q", "p"), ndim=3, min_len=2)
+    k = q.shape[1] - 1
+    qs, ps = rollout(system, q[:, 0], p[:, 0], h=dt / substeps, steps=k * substeps,
+                     method=method, save_every=substeps, **rollout_options)
+    # rollout puts time first: (k+1, N, n) → compare with the data's (N, k+1, n)
+    eq = qs[1:] - q[:, 1:].transpose(0, 1)
+    ep = ps[1:] - p[:, 1:].transpose(0, 1)
+    return 0.5 * ((eq * eq).mean() + (ep * ep).mean())
+
+
+def residual_loss(model, q: Tensor, p: Tensor, *, dt: float, R: DiscretizationMap | None = None,
+                  per_time: bool = True) -> Tensor:
+    r"""The eq. (20) residual of every observed pair (x_j, x_{j+1}) of windows ``(N, L, n)``:
+
+        (base, tangent) = (R_d^{T*})⁻¹(x_j, x_{j+1}),        r_j = tangent − h X_{H_θ}(base),
+
+    loss = mean |r_j|² over pairs and coordinates, divided by h² when ``per_time`` (the same
+    minimiser; the loss is then in the units of derivative matching, |tangent/h − X_H(base)|²).
+    ``R`` is any discretization map on Q (default the midpoint map: base = the midpoints, tangent =
+    the differences, i.e. the implicit-midpoint residual); it is used through its cotangent lift,
+    so the data's pairs are mapped by eq. (7) and X_H is evaluated once per pair: no implicit
+    solve at training time.  A zero loss means the data are exact steps of the integrator
+    ``CotangentLiftIntegrator(R)`` for H_θ.
+    """
+    system = as_system(model)
+    _autonomous(system)
+    dt = _check_number(dt, "dt")
+    R = MidpointMap() if R is None else R
+    if not isinstance(R, DiscretizationMap):
+        raise TypeError(f"R must be a DiscretizationMap, got {type(R).__name__}")
+    check_data(q, p, names=("q", "p"), ndim=3, min_len=2)
+    n = q.shape[-1]
+    x = torch.cat([q, p], -1)
+    base, tangent = CotangentLift(R).inverse(x[:, :-1], x[:, 1:])
+    # the base point's time is t + αh; the model is autonomous, so any t will do
+    dq, dp = system.vector_field(base[..., :n], base[..., n:], 0.0)
+    r = tangent - dt * torch.cat([dq, dp], -1)
+    loss = (r * r).mean()
+    return loss / (dt * dt) if per_time else loss
+
+
+def derivative_loss(model, q: Tensor, p: Tensor, dq: Tensor, dp: Tensor) -> Tensor:
+    r"""Derivative matching (Greydanus et al. 2019): mean |X_{H_θ}(q, p) − (dq, dp)|² over points
+    ``(..., n)`` (any leading dims) — the HNN paper's L2 loss on the time derivatives."""
+    system = as_system(model)
+    check_data(q, p, dq, dp, names=("q", "p", "dq", "dp"))
+    fq, fp = system.vector_field(q, p, 0.0)
+    eq, ep = fq - dq, fp - dp
+    return 0.5 * ((eq * eq).mean() + (ep * ep).mean())
+
+
+def finite_differences(q: Tensor, p: Tensor, dt: float) -> tuple[Tensor, Tensor]:
+    """Time derivatives of trajectories ``(B, T, n)`` by second-order finite differences
+    (central inside, one-sided second order at both ends; T ≥ 3): the derivative targets of
+    :func:`derivative_loss` when only states are observed."""
+    dt = _check_number(dt, "dt")
+    check_data(q, p, names=("q", "p"), ndim=3, min_len=3)
+    dq = torch.gradient(q, spacing=dt, dim=1, edge_order=2)[0]
+    dp = torch.gradient(p, spacing=dt, dim=1, edge_order=2)[0]
+    return dq, dp
+
+
+__all__ = ["rollout_loss", "residual_loss", "derivative_loss", "finite_differences",
+           "make_windows", "check_data"]

@@ -1,0 +1,114 @@
+r"""Evaluation of learned dynamics on held-out initial conditions.
+
+Trajectories are ``(B, T, n)`` (samples first, time on dim 1), as in :mod:`.losses`.
+``H`` arguments are the *true* energy: a callable ``H(q, p) -> (...,)`` or a System with
+``energy``.
+
+* :func:`predict`            roll a model out from (q₀, p₀) without a graph, samples first
+* :func:`state_mse`          mean |x̂_t − x_t|² over samples, times and coordinates
+* :func:`rollout_mse`        state_mse of a model's rollout from the true initial states
+* :func:`energy_mse`         mean (H(x̂_t) − H(x_t))²: the HNN paper's "energy MSE"
+* :func:`energy_drift`       max_t |H(x̂_t) − H(x̂₀)| / |H(x̂₀)| per trajectory
+* :func:`hamiltonian_error`  ε_H: the error of a learned H_θ up to the additive constant that no
+  trajectory can reveal (David & Méhats 2021 measure H_θ against H up to a constant)
+"""
+from __future__ import annotations
+
+import torch
+
+from ..rollout import as_system, rollout
+from .losses import check_data
+
+Tensor = torch.Tensor
+_REDUCTIONS = ("mean", "max", "none")
+
+
+def _energy_fn(H):
+    energy = getattr(H, "energy", None)
+    if energy is not None:
+        return energy
+    if callable(H):
+        return H
+    raise TypeError(f"H must be a callable H(q, p) or a System with energy(), got {type(H).__name__}")
+
+
+def _reduce(x: Tensor, reduction: str) -> Tensor:
+    if reduction == "mean":
+        return x.mean()
+    if reduction == "max":
+        return x.max()
+    if reduction == "none":
+        return x
+    raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+
+
+def predict(model, q0: Tensor, p0: Tensor, *, h: float, steps: int, method="verlet",
+            save_every: int = 1) -> tuple[Tensor, Tensor]:
+    """``rollout`` under ``torch.no_grad()``, returned samples first: ``(B, steps//save_every + 1, n)``
+    for ``q0, p0`` of shape ``(B, n)``."""
+    with torch.no_grad():
+        q, p = rollout(as_system(model), q0, p0, h=h, steps=steps, method=method,
+                       save_every=save_every)
+    return q.transpose(0, 1), p.transpose(0, 1)
+
+
+def state_mse(q_pred: Tensor, p_pred: Tensor, q_true: Tensor, p_true: Tensor) -> Tensor:
+    """Mean squared error over every sample, time and coordinate of (q, p)."""
+    check_data(q_pred, p_pred, q_true, p_true, names=("q_pred", "p_pred", "q_true", "p_true"))
+    return 0.5 * (((q_pred - q_true) ** 2).mean() + ((p_pred - p_true) ** 2).mean())
+
+
+def rollout_mse(model, q_true: Tensor, p_true: Tensor, *, dt: float, method="verlet",
+                substeps: int = 1) -> Tensor:
+    """:func:`state_mse` of the model's rollout from the first state of each true trajectory
+    ``(B, T, n)`` (spacing ``dt``, ``substeps`` integrator steps per interval) over the T − 1
+    intervals: the rollout MSE over the horizon (T − 1)·dt."""
+    check_data(q_true, p_true, names=("q_true", "p_true"), ndim=3, min_len=2)
+    if isinstance(substeps, bool) or not isinstance(substeps, int) or substeps < 1:
+        raise ValueError(f"substeps must be an int >= 1, got {substeps!r}")
+    steps = (q_true.shape[1] - 1) * substeps
+    q, p = predict(model, q_true[:, 0], p_true[:, 0], h=dt / substeps, steps=steps, method=method,
+                   save_every=substeps)
+    return state_mse(q, p, q_true, p_true)
+
+
+def energy_mse(H, q_pred: Tensor, p_pred: Tensor, q_true: Tensor, p_true: Tensor) -> Tensor:
+    """mean_t (H(x̂_t) − H(x_t))² with the true H on both trajectories (Greydanus et al.)."""
+    check_data(q_pred, p_pred, q_true, p_true, names=("q_pred", "p_pred", "q_true", "p_true"))
+    E = _energy_fn(H)
+    with torch.no_grad():
+        return ((E(q_pred, p_pred) - E(q_true, p_true)) ** 2).mean()
+
+
+def energy_drift(H, q: Tensor, p: Tensor, *, reduction: str = "mean") -> Tensor:
+    """max over t of |H(x_t) − H(x₀)| / |H(x₀)| for each trajectory ``(B, T, n)``, reduced over
+    the trajectories (``"mean"``, ``"max"`` or ``"none"``).  H(x₀) must be nonzero."""
+    check_data(q, p, names=("q", "p"), ndim=3)
+    E = _energy_fn(H)
+    with torch.no_grad():
+        e = E(q, p)
+        e0 = e[:, :1]
+        if bool((e0 == 0).any()):
+            raise ValueError("energy_drift is relative to H(x0), which is zero for some trajectory; "
+                             "shift H by a constant")
+        return _reduce(((e - e0).abs() / e0.abs()).amax(1), reduction)
+
+
+def hamiltonian_error(H_model, H_true, q: Tensor, p: Tensor, *, relative: bool = False) -> Tensor:
+    r"""ε_H = ( mean_i |H_θ(x_i) − H(x_i) − c|² )^{1/2} over the points x_i = (q, p) (any shape
+    ``(..., n)``), with c = mean_i (H_θ(x_i) − H(x_i)), the constant that best aligns them:
+    a Hamiltonian is determined by its dynamics only up to an additive constant.
+    ``relative=True`` divides by the spread of the true H, (mean_i |H(x_i) − mean H|²)^{1/2}.
+    """
+    check_data(q, p, names=("q", "p"))
+    Em, Et = _energy_fn(H_model), _energy_fn(H_true)
+    with torch.no_grad():
+        d = Em(q, p) - Et(q, p)
+        err = ((d - d.mean()) ** 2).mean().sqrt()
+        if relative:
+            e = Et(q, p)
+            err = err / ((e - e.mean()) ** 2).mean().sqrt()
+    return err
+
+
+__all__ = ["predict", "state_mse", "rollout_mse", "energy_mse", "energy_drift", "hamiltonian_error"]

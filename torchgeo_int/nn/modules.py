@@ -1,0 +1,280 @@
+r"""Learned Hamiltonians (and one unstructured baseline) that every integrator accepts.
+
+* :class:`HNN`            H_θ(q, p) = MLP(cat[q, p])                       (Greydanus et al. 2019)
+* :class:`SeparableHNN`   H_θ(q, p) = T_θ(p) + V_θ(q), ``separable = True``: explicit kick/drift
+  methods (Verlet, Yoshida, …) apply                                    (Chen et al. 2020, SRNN)
+* :class:`MechanicalHNN`  H_θ(q, p) = ½ pᵀ M_θ(q)⁻¹ p + V_θ(q),  M_θ(q) = L_θ(q) L_θ(q)ᵀ + εI with
+  L_θ lower triangular and a softplus diagonal, so M_θ is symmetric positive definite for every
+  θ and q (Lutter et al. 2019, DeLaN; Zhong et al. 2020, SymODEN)
+* :class:`MLPVectorField` an unstructured field f_θ(q, p) (the Neural ODE baseline; Chen et al.
+  2018), usable by torchdiffeq (``forward(t, x)``) and by the integrators (``vector_field``).
+
+The Hamiltonian modules subclass :class:`torchgeo_int.Hamiltonian` /
+:class:`torchgeo_int.SeparableHamiltonian`, so ``tgi.rollout``, every integrator, the losses and
+the layers take them as they take a hand-written H; X_H comes from autograd (with
+``create_graph`` under grad mode, so a loss differentiates through it).
+
+States are ``q, p`` of shape ``(..., dim)``; batch dims lead and are free.  The MLPs default to
+the HNN paper's 2 hidden layers × 200, tanh, orthogonal weight initialisation.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..systems import Hamiltonian, SeparableHamiltonian, System, grad_of
+
+Tensor = torch.Tensor
+
+
+class Sin(nn.Module):
+    """sin(x): a smooth periodic activation (SIREN-style)."""
+
+    def forward(self, x):
+        return torch.sin(x)
+
+
+#: Activations by name.  All are smooth: X_H = J∇H needs ∇H to be at least continuous, and the
+#: rollout losses differentiate ∇H once more (ReLU would make the learned field piecewise
+#: constant; pass a module factory if you really want it).
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "tanh": nn.Tanh, "softplus": nn.Softplus, "sigmoid": nn.Sigmoid, "silu": nn.SiLU,
+    "gelu": nn.GELU, "elu": nn.ELU, "sin": Sin,
+}
+INITS = ("orthogonal", "default")
+
+
+def _check_int(value, name, minimum):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def _activation(activation) -> Callable[[], nn.Module]:
+    if isinstance(activation, str):
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}; known: {', '.join(ACTIVATIONS)}, "
+                             "or pass a factory returning an nn.Module")
+        return ACTIVATIONS[activation]
+    if callable(activation):
+        return activation
+    raise TypeError(f"activation must be a name or a callable returning an nn.Module, got {activation!r}")
+
+
+class MLP(nn.Sequential):
+    """``in_dim → width → … → width → out_dim`` with ``depth`` hidden layers.
+
+    ``init="orthogonal"`` gives every weight matrix an orthogonal initialisation (as the HNN
+    paper's code does; it keeps the scale of ∇H at initialisation near 1 whatever the width),
+    biases keep PyTorch's default; ``init="default"`` keeps PyTorch's defaults throughout.
+    The output layer has no bias: a constant in H is invisible to the dynamics."""
+
+    def __init__(self, in_dim: int, out_dim: int, *, width: int = 200, depth: int = 2,
+                 activation="tanh", init: str = "orthogonal"):
+        _check_int(in_dim, "in_dim", 1)
+        _check_int(out_dim, "out_dim", 1)
+        _check_int(width, "width", 1)
+        _check_int(depth, "depth", 1)
+        if init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {init!r}")
+        act = _activation(activation)
+        layers, d = [], in_dim
+        for _ in range(depth):
+            layers += [nn.Linear(d, width), act()]
+            d = width
+        layers.append(nn.Linear(d, out_dim, bias=False))
+        super().__init__(*layers)
+        self.in_dim, self.out_dim = in_dim, out_dim
+        if init == "orthogonal":
+            for m in self:
+                if isinstance(m, nn.Linear):
+                    nn.init.orthogonal_(m.weight)
+
+    def forward(self, x):
+        if x.shape[-1] != self.in_dim:
+            raise ValueError(f"this network takes inputs of shape (..., {self.in_dim}), "
+                             f"got shape {tuple(x.shape)}")
+        return super().forward(x)
+
+
+class ScalarMLP(nn.Module):
+    """A scalar function of one argument, f(x) = MLP(x) with shape ``x.shape[:-1]``
+    (the T_θ and V_θ of the separable and mechanical HNNs)."""
+
+    def __init__(self, dim: int, **mlp_options):
+        super().__init__()
+        self.net = MLP(dim, 1, **mlp_options)
+
+    def forward(self, x):
+        return self.net(x).squeeze(-1)
+
+
+def _check_state(q: Tensor, p: Tensor, dim: int) -> None:
+    if q.shape != p.shape:
+        raise ValueError(f"q and p must have the same shape, got {tuple(q.shape)} and {tuple(p.shape)}")
+    if q.shape[-1:] != (dim,):
+        raise ValueError(f"this model has dim = {dim}: q and p must have shape (..., {dim}), "
+                         f"got {tuple(q.shape)}")
+
+
+class HNN(Hamiltonian):
+    r"""Hamiltonian neural network H_θ(q, p) = MLP(cat[q, p]) (Greydanus, Dzamba & Yosinski,
+    NeurIPS 2019), for states of dimension ``dim`` (q and p each ``(..., dim)``).
+
+    Not separable: explicit kick/drift methods fall back to their implicit form (a composition of
+    symplectic Euler steps solved by fixed point); ``implicit_midpoint`` is the natural method."""
+
+    def __init__(self, dim: int, *, width: int = 200, depth: int = 2, activation="tanh",
+                 init: str = "orthogonal"):
+        super().__init__(None, time_dependent=False)
+        _check_int(dim, "dim", 1)
+        self.dim = dim
+        self.net = MLP(2 * dim, 1, width=width, depth=depth, activation=activation, init=init)
+
+    def hamiltonian(self, q, p, t=0.0):
+        _check_state(q, p, self.dim)
+        return self.net(torch.cat([q, p], -1)).squeeze(-1)
+
+
+class SeparableHNN(SeparableHamiltonian):
+    r"""H_θ(q, p) = T_θ(p) + V_θ(q), two MLPs (as in SRNN, Chen et al., ICLR 2020).
+
+    ``separable = True``: the explicit methods (``verlet``, ``yoshida4``, …) evaluate ∂T_θ/∂p and
+    ∂V_θ/∂q only, one network each, with FSAL reuse of the last force."""
+
+    def __init__(self, dim: int, *, width: int = 200, depth: int = 2, activation="tanh",
+                 init: str = "orthogonal"):
+        _check_int(dim, "dim", 1)
+        opts = dict(width=width, depth=depth, activation=activation, init=init)
+        super().__init__(ScalarMLP(dim, **opts), ScalarMLP(dim, **opts), time_dependent=False)
+        self.dim = dim
+
+    def hamiltonian(self, q, p, t=0.0):
+        _check_state(q, p, self.dim)
+        return super().hamiltonian(q, p, t)
+
+
+def _inv_softplus(y: float) -> float:
+    return math.log(math.expm1(y))
+
+
+class MechanicalHNN(Hamiltonian):
+    r"""H_θ(q, p) = ½ pᵀ M_θ(q)⁻¹ p + V_θ(q), a mechanical system with a learned mass matrix.
+
+    M_θ(q) = L_θ(q) L_θ(q)ᵀ + ε I, with L_θ lower triangular: its strictly lower part and the
+    pre-activations of its diagonal are the outputs of an MLP of q, the diagonal goes through a
+    softplus.  So M_θ(q) is symmetric with eigenvalues ≥ ε > 0 for every θ and q (positive
+    definite by construction), and T is a positive definite quadratic form in p.
+    Initialisation: the output layer of the mass network is zero and its bias puts softplus = 1 on
+    the diagonal, so M_θ ≡ (1 + ε) I at first; V_θ is an orthogonally initialised MLP.
+
+    ``constant_mass=True`` learns one constant M (no network): H is then separable and the
+    explicit methods apply (``separable`` is True, ``velocity(p) = M⁻¹p``).
+    """
+
+    def __init__(self, dim: int, *, width: int = 200, depth: int = 2, activation="tanh",
+                 init: str = "orthogonal", eps: float = 1e-3, constant_mass: bool = False):
+        super().__init__(None, time_dependent=False)
+        _check_int(dim, "dim", 1)
+        if not (isinstance(eps, (int, float)) and eps > 0 and math.isfinite(eps)):
+            raise ValueError(f"eps must be a finite positive number, got {eps!r}")
+        self.dim, self.eps, self.constant_mass = dim, float(eps), bool(constant_mass)
+        self.separable = self.constant_mass
+        opts = dict(width=width, depth=depth, activation=activation, init=init)
+        self.potential = ScalarMLP(dim, **opts)
+        rows, cols = torch.tril_indices(dim, dim)
+        self.register_buffer("_rows", rows, persistent=False)
+        self.register_buffer("_cols", cols, persistent=False)
+        bias = torch.where(rows == cols, _inv_softplus(1.0), 0.0).to(torch.get_default_dtype())
+        if self.constant_mass:
+            self.mass_params = nn.Parameter(bias.clone())
+            self.mass_net = None
+        else:
+            self.mass_net = MLP(dim, len(rows), **opts)
+            last = self.mass_net[-1]
+            nn.init.zeros_(last.weight)
+            # The output layer of MLP has no bias; the offset that makes M = (1+ε)I lives here.
+            self.mass_bias = nn.Parameter(bias.clone())
+
+    def cholesky_factor(self, q: Tensor) -> Tensor:
+        """L_θ(q), shape ``(..., dim, dim)``, lower triangular with a positive diagonal."""
+        if q.shape[-1:] != (self.dim,):
+            raise ValueError(f"q must have shape (..., {self.dim}), got {tuple(q.shape)}")
+        if self.constant_mass:
+            raw = self.mass_params.expand(*q.shape[:-1], -1)
+        else:
+            raw = self.mass_net(q) + self.mass_bias
+        diag = self._rows == self._cols
+        raw = torch.where(diag, nn.functional.softplus(raw), raw)
+        L = raw.new_zeros(*raw.shape[:-1], self.dim, self.dim)
+        return _fill_tril(L, raw, self._rows, self._cols)
+
+    def mass_matrix(self, q: Tensor) -> Tensor:
+        """M_θ(q) = L Lᵀ + εI, shape ``(..., dim, dim)``: symmetric positive definite."""
+        L = self.cholesky_factor(q)
+        eye = torch.eye(self.dim, dtype=L.dtype, device=L.device)
+        return L @ L.mT + self.eps * eye
+
+    def kinetic(self, q: Tensor, p: Tensor) -> Tensor:
+        """½ pᵀ M_θ(q)⁻¹ p."""
+        M = self.mass_matrix(q)
+        v = torch.linalg.solve(M, p.unsqueeze(-1)).squeeze(-1)
+        return 0.5 * (p * v).sum(-1)
+
+    def hamiltonian(self, q, p, t=0.0):
+        _check_state(q, p, self.dim)
+        return self.kinetic(q, p) + self.potential(q)
+
+    # Constant mass: H = ½ pᵀM⁻¹p + V(q) is separable; the kick/drift halves in closed form.
+    def velocity(self, p, t=0.0):
+        if not self.constant_mass:
+            return super().velocity(p, t)
+        M = self.mass_matrix(p.new_zeros(p.shape[:-1] + (self.dim,)))
+        return torch.linalg.solve(M, p.unsqueeze(-1)).squeeze(-1)
+
+    def force(self, q, t=0.0):
+        if not self.constant_mass:
+            return super().force(q, t)
+        return -grad_of(self.potential, (q,))[0]
+
+    def gradients(self, q, p, t=0.0):
+        if self.constant_mass:
+            _check_state(q, p, self.dim)
+            return -self.force(q, t), self.velocity(p, t)
+        return super().gradients(q, p, t)
+
+
+def _fill_tril(L: Tensor, values: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
+    # An out-of-place scatter keeps the graph simple (no in-place write on a leaf-derived view).
+    flat = L.reshape(*L.shape[:-2], -1)
+    idx = (rows * L.shape[-1] + cols).expand(*values.shape[:-1], -1)
+    return flat.scatter(-1, idx, values).reshape(L.shape)
+
+
+class MLPVectorField(System):
+    r"""An unstructured learned field (dq, dp) = f_θ(q, p) = MLP(cat[q, p]) split in two halves:
+    the Neural ODE baseline (Chen et al., NeurIPS 2018).  No energy, not symplectic.
+
+    ``forward(t, x)`` takes the flat state x = cat[q, p] (torchdiffeq's ``func(t, y)``);
+    ``vector_field(q, p, t)`` lets the integrators and :func:`rollout` step it."""
+
+    def __init__(self, dim: int, *, width: int = 200, depth: int = 2, activation="tanh",
+                 init: str = "orthogonal"):
+        super().__init__()
+        _check_int(dim, "dim", 1)
+        self.dim = dim
+        self.net = MLP(2 * dim, 2 * dim, width=width, depth=depth, activation=activation, init=init)
+
+    def forward(self, t, x):
+        return self.net(x)
+
+    def vector_field(self, q, p, t=0.0):
+        _check_state(q, p, self.dim)
+        out = self.net(torch.cat([q, p], -1))
+        return out[..., :self.dim], out[..., self.dim:]
+
+
+__all__ = ["HNN", "SeparableHNN", "MechanicalHNN", "MLPVectorField", "MLP", "ScalarMLP",
+           "ACTIVATIONS"]

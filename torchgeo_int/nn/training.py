@@ -1,0 +1,358 @@
+r"""Small training utilities (functions, not a framework).
+
+* :func:`seed_everything`  seed Python, NumPy and torch (call it before building the model)
+* :func:`make_optimizer`   Adam / AdamW / SGD over a model's parameters
+* :class:`TensorBatches`   the default data source: minibatches of tensors with a deterministic
+  shuffle per epoch (permutation = f(seed, epoch)), so a resumed run sees the same batches
+* :func:`save_checkpoint` / :func:`load_checkpoint`  model + optimizer + RNG + step + history,
+  plain tensors and Python scalars only, loadable with ``torch.load(weights_only=True)``
+* :func:`fit`              the loop: ``loss_fn(model, *batch)``, step, log, checkpoint, resume
+
+``fit`` builds nothing it is given: pass your own optimizer and data source (e.g. a
+``DataLoader`` with a ``DistributedSampler``, whose ``set_epoch`` is called every epoch) and a
+wrapped model (``DistributedDataParallel``: its ``.module`` is what is checkpointed); only the
+main process (rank 0, or the only one) writes checkpoints.  Data-parallel training itself is
+not implemented here.
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+Tensor = torch.Tensor
+CHECKPOINT_FORMAT = "torchgeo_int.nn.checkpoint/1"
+
+
+def seed_everything(seed: int) -> None:
+    """Seed ``random``, NumPy (if installed) and torch (CPU and CUDA)."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {seed!r}")
+    random.seed(seed)
+    try:
+        import numpy as np
+        np.random.seed(seed % 2 ** 32)
+    except ImportError:  # numpy is optional here
+        pass
+    torch.manual_seed(seed)
+
+
+_OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
+
+
+def make_optimizer(model: nn.Module, *, name: str = "adam", lr: float = 1e-3,
+                   weight_decay: float = 0.0, **options) -> torch.optim.Optimizer:
+    """An optimizer over ``model.parameters()`` (``name`` in adam, adamw, sgd)."""
+    if name not in _OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; known: {', '.join(_OPTIMIZERS)}")
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    return _OPTIMIZERS[name](params, lr=lr, weight_decay=weight_decay, **options)
+
+
+class TensorBatches:
+    """Minibatches of tensors that share their first (sample) dim.
+
+    Epoch e visits the samples in the order ``randperm(N, generator seeded with (seed, e))``
+    (``shuffle=False``: in order), in ``len(self)`` batches of ``batch_size`` (the ragged tail
+    is dropped so every step sees the same batch size; ``batch_size=None``: the full batch).
+    The order depends on (seed, epoch) only, so an interrupted run resumes on the same batches.
+    """
+
+    def __init__(self, tensors, batch_size: int | None = None, *, shuffle: bool = True,
+                 seed: int = 0):
+        if isinstance(tensors, Tensor):
+            tensors = (tensors,)
+        if not isinstance(tensors, (tuple, list)) or not tensors:
+            raise TypeError("data must be a tensor or a non-empty tuple of tensors")
+        n = None
+        for i, t in enumerate(tensors):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"data[{i}] must be a torch.Tensor, got {type(t).__name__}")
+            if t.dim() == 0:
+                raise ValueError(f"data[{i}] is a 0-d tensor: the first dim must index samples")
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                raise ValueError(f"data[{i}] contains NaN or inf")
+            if n is None:
+                n = t.shape[0]
+            elif t.shape[0] != n:
+                raise ValueError(f"data tensors must have the same number of samples (dim 0): "
+                                 f"data[0] has {n}, data[{i}] has {t.shape[0]}")
+        if n == 0:
+            raise ValueError("data has no samples")
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                       or batch_size < 1):
+            raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
+        self.tensors = tuple(tensors)
+        self.n = n
+        self.batch_size = n if batch_size is None else min(batch_size, n)
+        self.shuffle = bool(shuffle) and self.batch_size < n
+        self.seed = int(seed)
+
+    def __len__(self) -> int:
+        return self.n // self.batch_size
+
+    def epoch(self, e: int, start: int = 0) -> Iterable[tuple[Tensor, ...]]:
+        """The batches of epoch ``e`` from batch index ``start`` on."""
+        if not self.shuffle:
+            order = None
+        else:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + e)
+            order = torch.randperm(self.n, generator=g)
+        bs = self.batch_size
+        for i in range(start, len(self)):
+            if order is None:
+                sl = slice(i * bs, (i + 1) * bs)
+                yield tuple(t[sl] for t in self.tensors)
+            else:
+                idx = order[i * bs:(i + 1) * bs]
+                yield tuple(t[idx.to(t.device)] for t in self.tensors)
+
+
+class _LoaderBatches:
+    """A user's iterable of batches (a DataLoader …) seen through the TensorBatches interface."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        try:
+            self._len = len(loader)
+        except TypeError:
+            raise TypeError("a data loader passed to fit must have a length (batches per epoch)") from None
+        if self._len == 0:
+            raise ValueError("the data loader yields no batches")
+
+    def __len__(self):
+        return self._len
+
+    def epoch(self, e, start=0):
+        sampler = getattr(self.loader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(e)
+        for i, batch in enumerate(self.loader):
+            if i >= start:
+                yield tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+
+
+def _as_batches(data, batch_size, shuffle, seed):
+    if isinstance(data, (TensorBatches, _LoaderBatches)):
+        return data
+    if isinstance(data, (Tensor, tuple, list)):
+        return TensorBatches(data, batch_size, shuffle=shuffle, seed=seed)
+    if hasattr(data, "__iter__"):
+        return _LoaderBatches(data)
+    raise TypeError(f"data must be tensors, a TensorBatches or a data loader, got {type(data).__name__}")
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    # DistributedDataParallel / DataParallel keep the real model in .module
+    return getattr(model, "module", model)
+
+
+def is_main_process() -> bool:
+    """Rank 0 of an initialised process group, or the only process."""
+    d = torch.distributed
+    return not (d.is_available() and d.is_initialized()) or d.get_rank() == 0
+
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | None, *, step: int,
+                    history: dict | None = None, extra: dict | None = None) -> Path:
+    """Write model, optimizer, torch RNG states, step and history to ``path`` (atomically: a
+    temporary file renamed over the old one, so an interrupted save leaves the last good one).
+    Every entry is a tensor, a Python scalar/str or a container of those, so the file loads with
+    ``torch.load(path, weights_only=True)``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    blob = {
+        "format": CHECKPOINT_FORMAT,
+        "step": int(step),
+        "model": _unwrap(model).state_dict(),
+        "optimizer": None if optimizer is None else optimizer.state_dict(),
+        "rng": _rng_state(),
+        "history": {k: [float(v) for v in vals] for k, vals in (history or {}).items()},
+        "extra": extra or {},
+    }
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    torch.save(blob, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def load_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+                    map_location="cpu", restore_rng: bool = True) -> dict:
+    """Load a :func:`save_checkpoint` file into ``model`` (and ``optimizer``) with
+    ``weights_only=True``; restores the torch RNG states unless ``restore_rng=False``.
+    Returns ``{"step", "history", "extra"}``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    blob = torch.load(path, map_location=map_location, weights_only=True)
+    if not isinstance(blob, dict) or blob.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path} is not a torchgeo_int.nn checkpoint")
+    _unwrap(model).load_state_dict(blob["model"])
+    if optimizer is not None:
+        if blob["optimizer"] is None:
+            raise ValueError(f"{path} holds no optimizer state")
+        optimizer.load_state_dict(blob["optimizer"])
+    if restore_rng:
+        _set_rng_state(blob["rng"])
+    return {"step": blob["step"], "history": blob["history"], "extra": blob["extra"]}
+
+
+def _progress_bar(total, initial, desc, enabled):
+    if not enabled:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # tqdm is an optional dependency: train without a bar
+        return None
+    return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, leave=False)
+
+
+def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | None = None,
+        epochs: int | None = None, lr: float = 1e-3, weight_decay: float = 0.0,
+        optimizer: torch.optim.Optimizer | None = None, batch_size: int | None = None,
+        shuffle: bool = True, seed: int = 0, grad_clip: float | None = None,
+        progress: bool = True, desc: str = "fit", log_every: int = 10,
+        checkpoint=None, checkpoint_every: int | None = None, resume=False,
+        max_time: float | None = None) -> dict:
+    r"""Minimise ``loss_fn(model, *batch)`` by gradient steps; returns
+    ``{"loss": [per-step losses], "step": steps done in total, "seconds": wall time of this call,
+    "stopped": "steps" | "time"}``.
+
+    ``data``: a tensor or tuple of tensors sharing dim 0 (batched by :class:`TensorBatches` with
+    ``batch_size``, ``shuffle``, ``seed``), a :class:`TensorBatches`, or any data loader with a
+    length.  Budget: ``steps`` gradient steps, or ``epochs`` passes; ``max_time`` (seconds) stops
+    early.  ``optimizer`` defaults to Adam(lr, weight_decay).  ``seed`` seeds the batch order
+    and torch's global RNG (for randomness inside ``loss_fn``) at the start of a fresh run.
+
+    ``checkpoint``: a path written every ``checkpoint_every`` steps and at the end.
+    ``resume=True`` continues from ``checkpoint`` if the file exists (else starts fresh);
+    ``resume=<path>`` continues from that file (which must exist).  Resuming restores model,
+    optimizer, RNG, step and loss history: k steps, save, load, N − k steps gives bit-for-bit the
+    parameters of N uninterrupted steps (same data, deterministic kernels).
+    The loss is synced to the host every ``log_every`` steps only; a non-finite loss raises
+    ``FloatingPointError`` naming the steps.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if not callable(loss_fn):
+        raise TypeError("loss_fn must be callable as loss_fn(model, *batch) -> scalar tensor")
+    if (steps is None) == (epochs is None):
+        raise ValueError("give exactly one of steps= and epochs=")
+    for name, v in (("steps", steps), ("epochs", epochs)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
+        raise ValueError(f"log_every must be an int >= 1, got {log_every!r}")
+    if checkpoint_every is not None and checkpoint is None:
+        raise ValueError("checkpoint_every needs checkpoint=<path>")
+    if max_time is not None and not (max_time > 0):
+        raise ValueError(f"max_time must be positive seconds, got {max_time!r}")
+
+    batches = _as_batches(data, batch_size, shuffle, seed)
+    per_epoch = len(batches)
+    total = steps if steps is not None else epochs * per_epoch
+    opt = optimizer if optimizer is not None else make_optimizer(model, lr=lr, weight_decay=weight_decay)
+
+    start, losses = 0, []
+    source = None
+    if resume is True:
+        if checkpoint is None:
+            raise ValueError("resume=True needs checkpoint=<path>")
+        source = Path(checkpoint) if Path(checkpoint).is_file() else None
+    elif resume:
+        source = Path(resume)
+        if not source.is_file():
+            raise FileNotFoundError(f"resume={str(resume)!r}: no checkpoint there")
+    if source is not None:
+        state = load_checkpoint(source, model, opt)
+        start, losses = state["step"], list(state["history"].get("loss", []))
+    else:
+        torch.manual_seed(seed)
+
+    def save(at):
+        if checkpoint is not None and is_main_process():
+            save_checkpoint(checkpoint, model, opt, step=at, history={"loss": losses},
+                            extra={"seed": seed, "total": total})
+
+    bar = _progress_bar(total, min(start, total), desc, progress)
+    pending: list[Tensor] = []
+
+    def flush(at):
+        if not pending:
+            return
+        vals = torch.stack(pending).tolist()
+        first = at - len(pending)
+        pending.clear()
+        bad = [first + i for i, v in enumerate(vals) if not math.isfinite(v)]
+        losses.extend(vals)
+        if bad:
+            raise FloatingPointError(f"the loss became non-finite at step {bad[0]} "
+                                     f"(steps {first}..{at - 1} checked); lower lr or check the data")
+        if bar is not None:
+            bar.update(len(vals))
+            bar.set_postfix(loss=f"{vals[-1]:.3e}")
+
+    t0 = time.perf_counter()
+    step, stopped = start, "steps"
+    model.train()
+    try:
+        epoch, pos = divmod(step, per_epoch)
+        while step < total and stopped == "steps":
+            for batch in batches.epoch(epoch, pos):
+                loss = loss_fn(model, *batch)
+                if not isinstance(loss, Tensor) or loss.dim() != 0:
+                    raise TypeError("loss_fn must return a scalar tensor")
+                opt.zero_grad(set_to_none=True)
+                try:
+                    loss.backward()
+                except RuntimeError as err:  # a NaN loss also breaks implicit (adjoint) solves
+                    if not bool(torch.isfinite(loss.detach())):
+                        raise FloatingPointError(f"the loss became non-finite at step {step}; "
+                                                 "lower lr or check the data") from err
+                    raise
+                if grad_clip is not None:
+                    nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+                opt.step()
+                pending.append(loss.detach())
+                step += 1
+                if step % log_every == 0 or step == total:
+                    flush(step)
+                if checkpoint_every is not None and step % checkpoint_every == 0:
+                    flush(step)
+                    save(step)
+                if max_time is not None and time.perf_counter() - t0 > max_time:
+                    stopped = "time"
+                if step >= total or stopped != "steps":
+                    break
+            epoch, pos = epoch + 1, 0
+        flush(step)
+        save(step)
+    finally:
+        if bar is not None:
+            bar.close()
+    return {"loss": losses, "step": step, "seconds": time.perf_counter() - t0, "stopped": stopped}
+
+
+__all__ = ["fit", "seed_everything", "make_optimizer", "TensorBatches", "save_checkpoint",
+           "load_checkpoint", "is_main_process"]
