@@ -9,7 +9,9 @@ from .solvers import ConvergenceError, default_tol, fixed_point, newton
 from .systems import Hamiltonian, ODESystem, SeparableHamiltonian, System, VectorFieldSystem
 from .integrators import (METHODS, TABLES, CoefficientTable, Composition, CotangentLiftIntegrator,
                           Integrator, get_method)
+from .integrators.first_order import FIRST_ORDER_METHODS, FirstOrderIntegrator, theta
 from .rollout import rollout
+from .odeint import odeint, odeint_adjoint
 from . import nn
 
 __version__ = "0.1.0"
@@ -21,4 +23,5 @@ __all__ = [
     "System", "Hamiltonian", "SeparableHamiltonian", "VectorFieldSystem", "ODESystem",
     "Integrator", "CotangentLiftIntegrator", "Composition", "CoefficientTable", "TABLES",
     "METHODS", "get_method", "rollout", "nn",
+    "FirstOrderIntegrator", "FIRST_ORDER_METHODS", "theta", "odeint", "odeint_adjoint",
 ]

@@ -47,8 +47,8 @@ def rollout(system, q0: torch.Tensor, p0: torch.Tensor | None = None, *, h: floa
     ``ConvergenceError`` naming the step.
     """
     system = as_system(system)
-    integrator = get_method(method)
     first_order = p0 is None
+    integrator = get_method(method, first_order=first_order)
     if first_order:
         check_tensor(q0, "x0")
         check_finite(q0, "x0")

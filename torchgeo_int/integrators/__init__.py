@@ -24,14 +24,19 @@ def _build_methods() -> dict[str, Integrator]:
 METHODS: dict[str, Integrator] = _build_methods()
 
 
-def get_method(method) -> Integrator:
-    """An Integrator from a name in METHODS or an Integrator instance."""
+def get_method(method, *, first_order: bool = False) -> Integrator:
+    """An Integrator from a name or an Integrator instance: names of METHODS (Hamiltonian), or
+    with ``first_order=True`` names of FIRST_ORDER_METHODS (eq. (1); ``implicit_midpoint`` is
+    then the midpoint rule on x)."""
+    from .first_order import FIRST_ORDER_METHODS
     if isinstance(method, Integrator):
         return method
-    if isinstance(method, str) and method in METHODS:
-        return METHODS[method]
-    raise ValueError(f"unknown method {method!r}; known methods: {', '.join(sorted(METHODS))}, "
-                     "or pass an Integrator (e.g. CotangentLiftIntegrator(AlphaMap(0.3)))")
+    table = FIRST_ORDER_METHODS if first_order else METHODS
+    if isinstance(method, str) and method in table:
+        return table[method]
+    raise ValueError(f"unknown {'first-order ' if first_order else ''}method {method!r}; known methods: "
+                     f"{', '.join(sorted(table))}, or pass an Integrator "
+                     "(e.g. CotangentLiftIntegrator(AlphaMap(0.3)))")
 
 
 __all__ = ["METHODS", "Integrator", "CotangentLiftIntegrator", "Composition", "CoefficientTable",

@@ -101,6 +101,7 @@ class Composition(Integrator):
         # Flatten nested compositions once, so a step is a flat loop over primitive steps.
         self._stages = [(m, g * c) for m, g in zip(methods, gammas) for m, c in m.stages()]
         self.symplectic = all(m.symplectic for m in methods)
+        self.first_order = all(getattr(m, "first_order", False) for m in methods)
         self.symmetric = self._is_symmetric()
         base_order = min(m.order for m in methods)
         if order is None:
