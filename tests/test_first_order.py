@@ -356,8 +356,13 @@ def test_bad_input_raises():
     # rollout: a first-order method needs p0=None and vice versa.
     with pytest.raises(ValueError, match="first-order"):
         tgi.rollout(tgi.ODESystem(forced_pendulum), x0, x0, h=0.1, steps=2, method=m)
+    with pytest.raises(ValueError, match="unknown first-order method"):
+        tgi.rollout(tgi.ODESystem(forced_pendulum), x0, h=0.1, steps=2, method="verlet")
     with pytest.raises(ValueError, match="Hamiltonian method"):
-        tgi.rollout(tgi.ODESystem(forced_pendulum), x0, h=0.1, steps=2, method="implicit_midpoint")
+        tgi.rollout(tgi.ODESystem(forced_pendulum), x0, h=0.1, steps=2, method=tgi.METHODS["verlet"])
+    # by name, p0=None selects the first-order midpoint rule
+    xs = tgi.rollout(tgi.ODESystem(forced_pendulum), x0, h=0.1, steps=2, method="implicit_midpoint")
+    assert xs.shape == (3, 1, 2)
 
 
 def test_nonconvergence_names_the_step():
