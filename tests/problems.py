@@ -1,14 +1,11 @@
 """Test problems shared across test files (float64)."""
-import json
 import math
-import pathlib
 
 import numpy as np
 import torch
 
 import torchgeo_int as tgi
 
-DATA = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "data"
 
 
 def kepler_initial(e, dtype=torch.float64):
@@ -63,31 +60,7 @@ def pendulum_nonseparable():
 
 def outer_solar_system():
     """HLW I.2.3: (system, q0, p0) with q, p of shape (6, 3) in AU, solar masses and days."""
-    data = json.loads((DATA / "outer_solar_system.json").read_text())
-    G = data["G"]
-    m = torch.tensor(data["mass"])
-    q0 = torch.tensor(data["position"])
-    p0 = m[:, None] * torch.tensor(data["velocity"])
-    i, j = torch.triu_indices(len(m), len(m), 1)
-    mm = G * m[i] * m[j]
+    from experiments.problems import outer_solar_system as load
 
-    def kinetic(p):
-        return ((p * p).sum(-1) / (2 * m)).sum(-1)
-
-    def potential(q):
-        d = (q[..., i, :] - q[..., j, :]).norm(dim=-1)
-        return -(mm / d).sum(-1)
-
-    def potential_grad(q):
-        # ∂V/∂q_i = Σ_j G m_i m_j (q_i − q_j)/|q_i − q_j|³, all pairs at once (6 bodies).
-        diff = q[..., :, None, :] - q[..., None, :, :]
-        r2 = (diff * diff).sum(-1) + torch.eye(len(m))  # the 1 on the diagonal avoids 0/0
-        w = G * m[:, None] * m[None, :] * (1.0 - torch.eye(len(m))) / r2 ** 1.5
-        return (w[..., None] * diff).sum(-2)
-
-    def kinetic_grad(p):
-        return p / m[:, None]
-
-    system = tgi.SeparableHamiltonian(kinetic, potential, kinetic_grad=kinetic_grad,
-                                      potential_grad=potential_grad)
+    system, q0, p0, _ = load()
     return system, q0, p0

@@ -1,0 +1,60 @@
+"""Problems shared by the experiments (and the test suite): Kepler and the outer solar system."""
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+
+import torch
+
+import torchgeo_int as tgi
+
+DATA = pathlib.Path(__file__).resolve().parent / "data"
+
+
+def kepler_initial(e, dtype=torch.float64):
+    """Kepler orbit of eccentricity e started at pericentre; period 2π."""
+    q0 = torch.tensor([1.0 - e, 0.0], dtype=dtype)
+    p0 = torch.tensor([0.0, math.sqrt((1.0 + e) / (1.0 - e))], dtype=dtype)
+    return q0, p0
+
+
+def kepler_energy(q, p):
+    return 0.5 * (p * p).sum(-1) - 1.0 / q.norm(dim=-1)
+
+
+def kepler_system():
+    """H = |p|²/2 − 1/|q| with closed-form gradients (explicit methods' fast path)."""
+    return tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: -1.0 / q.norm(dim=-1),
+                                    kinetic_grad=lambda p: p,
+                                    potential_grad=lambda q: q / q.norm(dim=-1, keepdim=True) ** 3)
+
+
+def outer_solar_system(dtype=torch.float64):
+    """HLW I.2.3: (system, q0, p0, masses) with q, p of shape (6, 3); AU, solar masses, days."""
+    data = json.loads((DATA / "outer_solar_system.json").read_text())
+    G = data["G"]
+    m = torch.tensor(data["mass"], dtype=dtype)
+    q0 = torch.tensor(data["position"], dtype=dtype)
+    p0 = m[:, None] * torch.tensor(data["velocity"], dtype=dtype)
+    i, j = torch.triu_indices(len(m), len(m), 1)
+    mm = G * m[i] * m[j]
+    eye = torch.eye(len(m), dtype=dtype)
+
+    def kinetic(p):
+        return ((p * p).sum(-1) / (2 * m)).sum(-1)
+
+    def potential(q):
+        d = (q[..., i, :] - q[..., j, :]).norm(dim=-1)
+        return -(mm / d).sum(-1)
+
+    def potential_grad(q):
+        # ∂V/∂q_i = Σ_j G m_i m_j (q_i − q_j)/|q_i − q_j|³, all pairs at once (6 bodies).
+        diff = q[..., :, None, :] - q[..., None, :, :]
+        r2 = (diff * diff).sum(-1) + eye  # the 1 on the diagonal avoids 0/0
+        w = G * m[:, None] * m[None, :] * (1.0 - eye) / r2 ** 1.5
+        return (w[..., None] * diff).sum(-2)
+
+    system = tgi.SeparableHamiltonian(kinetic, potential, kinetic_grad=lambda p: p / m[:, None],
+                                      potential_grad=potential_grad)
+    return system, q0, p0, m
