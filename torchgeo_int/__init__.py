@@ -12,7 +12,7 @@ from .integrators import (METHODS, TABLES, CoefficientTable, Composition, Cotang
 from .integrators.first_order import FIRST_ORDER_METHODS, FirstOrderIntegrator, theta
 from .rollout import rollout
 from .odeint import odeint, odeint_adjoint
-from . import nn
+from . import distributed, nn
 
 __version__ = "0.1.0"
 
@@ -22,6 +22,6 @@ __all__ = [
     "fixed_point", "newton", "ConvergenceError", "default_tol",
     "System", "Hamiltonian", "SeparableHamiltonian", "VectorFieldSystem", "ODESystem",
     "Integrator", "CotangentLiftIntegrator", "Composition", "CoefficientTable", "TABLES",
-    "METHODS", "get_method", "rollout", "nn",
+    "METHODS", "get_method", "rollout", "nn", "distributed",
     "FirstOrderIntegrator", "FIRST_ORDER_METHODS", "theta", "odeint", "odeint_adjoint",
 ]

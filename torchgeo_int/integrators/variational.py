@@ -1,0 +1,256 @@
+r"""Discrete variational integrators, Sects. 5.2–5.3 and 6 of the seed paper (THEORY §7–8).
+
+For a Lagrangian L and a discretization map R_d on Q, the discrete Lagrangian
+L_d^h(q₀, q₁) = h·L(R_d⁻¹(q₀, q₁)/h) (``lagrangian.DiscreteLagrangian``) generates the step
+(q_k, p_k) ↦ (q_{k+1}, p_{k+1}) through the discrete Legendre transforms (position–momentum form)
+
+    p_k = −D₁L_d(q_k, q_{k+1})   (solved for q_{k+1} by Newton),    p_{k+1} = D₂L_d(q_k, q_{k+1}),
+
+equivalently the discrete Euler–Lagrange equations D₁L_d(q_k, q_{k+1}) + D₂L_d(q_{k−1}, q_k) = 0
+(:class:`DiscreteEulerLagrange`).  By the commuting diagram (22)–(23) it equals the cotangent-lift
+integrator (eq. (20)) of the same R_d for the Legendre-transformed H, so it is symplectic for every
+R_d; order 2 when R_d is symmetric, else 1.
+
+Composition (Sect. 6): the discrete Lagrangian L_d¹(q₀, q₁; c₁h) + … + L_d^s(q_{s−1}, q_s; c_s h)
+with the intermediate points solved for, jointly with q_s, from p₀ = −D₁L_d¹(q₀, q₁) and the
+interior discrete Euler–Lagrange equations D₂L_d^{i}(q_{i−1}, q_i) + D₁L_d^{i+1}(q_i, q_{i+1}) = 0;
+α = 0 then α = 1 at h/2 is Störmer–Verlet.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..lagrangian import (DiscreteLagrangian, Lagrangian, MechanicalLagrangian, _check_fractions,
+                          base_fraction)
+from ..maps import AlphaMap, DiscretizationMap, RetractionMap
+from ..solvers import ConvergenceError, newton
+from .base import Integrator
+
+Tensor = torch.Tensor
+
+__all__ = ["VariationalIntegrator", "DiscreteEulerLagrange", "VARIATIONAL_METHODS"]
+
+
+class _VICache:
+    """Warm start of the next solve: the last discrete velocity (q_{k+1} − q_k)/h, no graph."""
+
+    __slots__ = ("velocity",)
+
+    def __init__(self, velocity):
+        self.velocity = velocity.detach()
+
+
+def _lagrangian(system) -> Lagrangian:
+    if not isinstance(system, Lagrangian):
+        raise TypeError(f"variational integrators step a Lagrangian system (state (q, p)), got "
+                        f"{type(system).__name__}; build one with Lagrangian(fn) or "
+                        "Lagrangian.mechanical(potential, mass)")
+    return system
+
+
+def _velocity_guess(L: Lagrangian, q, p, t) -> Tensor:
+    """v ≈ FL⁻¹(q, p): exact for a mechanical Lagrangian, else one Newton step from v = 0."""
+    with torch.no_grad():
+        if isinstance(L, MechanicalLagrangian):
+            return L.inverse_legendre(q, p, t)
+        zero = torch.zeros_like(q)
+        W = L.velocity_hessian(q, zero, t)
+        v, info = torch.linalg.solve_ex(W, (p - L.legendre(q, zero, t)).unsqueeze(-1))
+        v = v.squeeze(-1)
+        ok = (info == 0).unsqueeze(-1) & torch.isfinite(v)
+        return torch.where(ok, v, zero)  # a singular W at v = 0 is judged after the solve
+
+
+def _same_map(A: DiscretizationMap, B: DiscretizationMap) -> bool:
+    if isinstance(A, AlphaMap) and isinstance(B, AlphaMap):
+        return A.alpha == B.alpha
+    if type(A) is RetractionMap and type(B) is RetractionMap:
+        return A.retraction is B.retraction and A.alpha == B.alpha
+    return A is B
+
+
+class VariationalIntegrator(Integrator):
+    r"""The discrete variational integrator of L_d^h = h·L(R_d⁻¹/h) (Sect. 5.3), on the state (q, p).
+
+    ``R``: a DiscretizationMap on Q, or a sequence of them with step ``fractions`` (default equal;
+    they sum to 1) for the composed discrete Lagrangian Σᵢ L_d^{(i)}(q_{i−1}, q_i; cᵢh) (Sect. 6).
+    The step solves p_k = −D₁L_d(q_k, q_{k+1}) with :func:`torchgeo_int.newton` — for the discrete
+    velocity (q_{k+1} − q_k)/h when R_d is an α-map, for the base point (q̄, w) of
+    (q_k, q_{k+1}) = R_d(q̄, w) otherwise, so that no derivative is taken through a Newton
+    inverse and no digits are lost forming (q_{k+1} − q_k)/h — then p_{k+1} = D₂L_d(q_k, q_{k+1}).
+    A composition is solved jointly for all its stages, i.e. with its intermediate points.
+    Symplectic; symmetric (order 2) when the stages are palindromic with adjoint maps, e.g. a
+    symmetric R_d, or [α, 1 − α] at equal fractions; else order 1.  A degenerate Lagrangian
+    (∂²L/∂v² singular) raises ``DegenerateLagrangianError`` (a ``ValueError``).
+    ``tol``, ``max_iter``, ``backward`` go to the Newton solver (implicit IFT gradients by default).
+    """
+
+    symplectic = True
+
+    def __init__(self, R, fractions=None, *, tol: float | None = None, max_iter: int | None = None,
+                 backward: str = "implicit", name: str | None = None):
+        single = isinstance(R, DiscretizationMap)
+        if not single and not isinstance(R, (list, tuple)):
+            raise TypeError("R must be a DiscretizationMap or a list of them, got "
+                            f"{type(R).__name__}")
+        if single and fractions is not None and list(fractions) != [1.0]:
+            raise ValueError("fractions are for a list of maps; a single map takes the whole step")
+        self.maps, self.fractions = _check_fractions([R] if single else R, fractions)
+        self.starts = [math.fsum(self.fractions[:i]) for i in range(len(self.maps))]
+        self.symmetric = self._is_symmetric()
+        self.order = 2 if self.symmetric else 1
+        self.tol, self.max_iter, self.backward = tol, max_iter, backward
+        label = ", ".join(f"{m}" for m in self.maps)
+        self.name = name or f"variational({label}; {self.fractions})"
+
+    def _is_symmetric(self) -> bool:
+        pairs = list(zip(self.maps, self.fractions))
+        return all(c == c2 and _same_map(R.adjoint(), R2)
+                   for (R, c), (R2, c2) in zip(pairs, reversed(pairs)))
+
+    def _options(self):
+        opts = dict(tol=self.tol, backward=self.backward)
+        if self.max_iter is not None:
+            opts["max_iter"] = self.max_iter
+        return opts
+
+    def adjoint(self) -> "VariationalIntegrator":
+        return VariationalIntegrator([R.adjoint() for R in reversed(self.maps)],
+                                     list(reversed(self.fractions)), tol=self.tol,
+                                     max_iter=self.max_iter, backward=self.backward)
+
+    def same_as(self, other) -> bool:
+        return (isinstance(other, VariationalIntegrator) and self.fractions == other.fractions
+                and all(_same_map(a, b) for a, b in zip(self.maps, other.maps))
+                and len(self.maps) == len(other.maps))
+
+    def step(self, system, q, p, t, h, cache=None):
+        L = _lagrangian(system)
+        if isinstance(cache, _VICache):
+            v0 = cache.velocity
+        else:
+            v0 = _velocity_guess(L, q, p, t)
+            # Once per rollout: a potential's Hessian can make the discrete equations of a
+            # degenerate L solvable (ill-conditioned), so a converged solve proves nothing.
+            if not isinstance(L, MechanicalLagrangian):
+                L.check_regular(q, v0, t)
+        try:
+            q1, p1 = self._solve(L, q, p, t, h, v0)
+        except ConvergenceError:
+            L.check_regular(q, v0, t)  # a degenerate L is the likelier cause: say so
+            raise
+        return q1, p1, _VICache((q1 - q) / h)
+
+    def _solve(self, L, q, p, t, h, v0):
+        """Stage i covers [t + aᵢh, t + (aᵢ + cᵢ)h] with the pair (q_{i−1}, q_i) = R_i(q̄ᵢ, wᵢ).
+        Unknowns: for an α-map the discrete velocity uᵢ = (q_i − q_{i−1})/(cᵢh), so that
+        q̄ᵢ = q_{i−1} + αcᵢh uᵢ and wᵢ = cᵢh uᵢ; for any other map the base point (q̄ᵢ, wᵢ) itself,
+        with the extra equation R¹ᵢ(q̄ᵢ, wᵢ) = q_{i−1}.  Either way L_d's derivatives are taken at
+        the base point, never through (q_i − q_{i−1})/h (which loses digits in float32) nor
+        through a Newton inverse."""
+        terms = [DiscreteLagrangian(L, R) for R in self.maps]
+        c, a = self.fractions, self.starts
+
+        def stages(z):
+            """Per stage: (end point, D₁L_d, D₂L_d, extra residual or None)."""
+            out, start = [], q
+            for i, (term, R) in enumerate(zip(terms, self.maps)):
+                hs, ts = c[i] * h, t + a[i] * h
+                if isinstance(R, AlphaMap):
+                    w = hs * z[i]
+                    qb, y0, end = start + R.alpha * w, None, start + w
+                else:
+                    qb, w = z[i]
+                    y0, end = R._forward(qb, w)
+                _, _, D1, D2 = term.at_base(qb, w, hs, ts, ends=False)
+                out.append((end, D1, D2, None if y0 is None else y0 - start))
+                start = end
+            return out
+
+        def residual(z):
+            st = stages(self._unflat(z))
+            res, prev_D2 = [], p  # p₀ + D₁L_d¹ = 0, then D₂L_d^{i−1} + D₁L_dⁱ = 0
+            for i, (_, D1, D2, extra) in enumerate(st):
+                res.append(prev_D2 + D1 if i else p + D1)
+                if extra is not None:
+                    res.append(extra)
+                prev_D2 = D2
+            return tuple(res)
+
+        z0, start = [], q.detach()
+        for i, R in enumerate(self.maps):
+            w = c[i] * h * v0
+            if isinstance(R, AlphaMap):
+                z0.append(v0)
+            else:
+                z0 += [(start + base_fraction(R) * w).detach(), w.detach()]
+            start = start + w
+        z = newton(residual, tuple(z0), **self._options())
+        st = stages(self._unflat(z))
+        return st[-1][0], st[-1][2]
+
+    def _unflat(self, z):
+        """The flat tuple of unknowns, regrouped per stage (α-map: u; other: (q̄, w))."""
+        out, j = [], 0
+        for R in self.maps:
+            if isinstance(R, AlphaMap):
+                out.append(z[j])
+                j += 1
+            else:
+                out.append((z[j], z[j + 1]))
+                j += 2
+        return out
+
+
+class DiscreteEulerLagrange(Integrator):
+    r"""The discrete Euler–Lagrange equations D₁L_d(q_k, q_{k+1}) + D₂L_d(q_{k−1}, q_k) = 0
+    solved for q_{k+1} (Newton), L_d^h = h·L(R_d⁻¹/h) (Sect. 5.3): it is the variational
+    integrator with p_k = D₂L_d(q_{k−1}, q_k) eliminated.
+
+    Protocol: the state is the pair (q_{k−1}, q_k): ``step(system, q_prev, q, t, h, cache) ->
+    (q, q_next, cache)``, t the time of q_{k−1}; ``rollout(L, q0, q1, method=...)`` works.
+    :meth:`start` gives q₁ from (q₀, p₀), :meth:`momentum` recovers p_k.
+    """
+
+    symplectic = True
+
+    def __init__(self, R: DiscretizationMap, *, tol=None, max_iter=None, backward="implicit",
+                 name=None):
+        self.vi = VariationalIntegrator(R, tol=tol, max_iter=max_iter, backward=backward)
+        self.R = R
+        self.order, self.symmetric = self.vi.order, self.vi.symmetric
+        self.name = name or f"discrete_euler_lagrange({R})"
+
+    def start(self, system, q0, p0, t=0.0, h=0.01) -> Tensor:
+        """q₁ from (q₀, p₀): one variational step."""
+        return self.vi.step(system, q0, p0, t, h)[0]
+
+    def momentum(self, system, q_prev, q, t=0.0, h=0.01) -> Tensor:
+        """p_k = D₂L_d(q_{k−1}, q_k); t is the time of q_{k−1}."""
+        return DiscreteLagrangian(_lagrangian(system), self.R).derivatives(q_prev, q, h, t)[1]
+
+    def step(self, system, q_prev, q, t, h, cache=None):
+        pk = self.momentum(system, q_prev, q, t, h)
+        if not isinstance(cache, _VICache):
+            L, v = _lagrangian(system), (q - q_prev) / h
+            if not isinstance(L, MechanicalLagrangian):
+                L.check_regular(q, v, t + h)
+            cache = _VICache(v)
+        q1, _, cache = self.vi.step(system, q, pk, t + h, h, cache)
+        return q, q1, cache
+
+
+def _build_variational_methods() -> dict[str, Integrator]:
+    methods = [
+        VariationalIntegrator(AlphaMap(0.0), name="variational_euler"),
+        VariationalIntegrator(AlphaMap(1.0), name="variational_euler_adjoint"),
+        VariationalIntegrator(AlphaMap(0.5), name="variational_midpoint"),
+        VariationalIntegrator([AlphaMap(0.0), AlphaMap(1.0)], [0.5, 0.5], name="variational_verlet"),
+    ]
+    return {m.name: m for m in methods}
+
+
+#: Named variational methods (state (q, p) of a Lagrangian system).
+VARIATIONAL_METHODS: dict[str, Integrator] = _build_variational_methods()

@@ -1,0 +1,554 @@
+r"""The Lagrangian side, on TQ: second-order systems, Lagrangians and discrete Lagrangians.
+
+* :class:`SecondOrderSystem` — a SODE q̈ = M⁻¹ f(t, q, q̇) (Sect. 4 of the seed paper), stepped on
+  the state (q, v) by the integrators of ``integrators/sode.py`` (Newmark, eqs. (10)/(11)).
+* :class:`Lagrangian` — L(q, v[, t]) with its Legendre transform p = ∂L/∂v; as a system its state
+  is (q, p), like a Hamiltonian's, so the variational integrators (Sect. 5.3) and the Hamiltonian
+  ones can be run on it and compared.  :class:`MechanicalLagrangian` is L = ½vᵀMv − V(q) with
+  every transform in closed form.
+* :class:`DiscreteLagrangian` — L_d^h(q₀, q₁) = h·L(q̄, w/h), (q̄, w) = R_d⁻¹(q₀, q₁), for any
+  discretization map R_d; :class:`ComposedDiscreteLagrangian` — L_d¹ + L_d² + … with the
+  intermediate points solved for (Sect. 6).
+
+Gradients follow ``systems.py``: autograd, with ``create_graph`` exactly when grad mode is on.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import torch
+
+from ._validate import check_pair
+from .maps import AdjointMap, AlphaMap, DiscretizationMap, RetractionMap
+from .solvers import ConvergenceError, newton
+from .systems import SeparableHamiltonian, System, _takes_time, grad_of
+
+Tensor = torch.Tensor
+
+__all__ = ["SecondOrderSystem", "Lagrangian", "MechanicalLagrangian", "DegenerateLagrangianError",
+           "DiscreteLagrangian", "ComposedDiscreteLagrangian", "has_closed_inverse"]
+
+
+# -- mass matrices --------------------------------------------------------------------------------
+def _singular_threshold(n: int, dtype) -> float:
+    """Condition numbers at or above 1/(n·eps) leave no correct digit in M⁻¹f."""
+    return 1.0 / (max(n, 1) * torch.finfo(dtype).eps)
+
+
+class _Mass:
+    """A constant linear operator on the coordinates: None (identity), a scalar, a vector
+    (diagonal) or an (n, n) matrix.  As a mass (``invertible=True``) it is validated once (finite,
+    not numerically singular) and M⁻¹ is formed once, because a constant M would otherwise be
+    inverted at every step; as a damping it may be singular."""
+
+    def __init__(self, mass, *, invertible: bool = True, name: str = "mass"):
+        self.kind, self.M, self.Minv = "identity", None, None
+        if mass is None:
+            return
+        if isinstance(mass, bool):
+            raise TypeError(f"{name} must be a number or a tensor, got a bool")
+        if isinstance(mass, (int, float)):
+            mass = torch.tensor(float(mass), dtype=torch.get_default_dtype())
+        if not isinstance(mass, torch.Tensor):
+            raise TypeError(f"{name} must be None, a number, a vector or an (n, n) tensor, got "
+                            f"{type(mass).__name__}")
+        if not mass.is_floating_point():
+            raise TypeError(f"{name} must be floating point, got {mass.dtype}")
+        if not bool(torch.isfinite(mass).all()):
+            raise ValueError(f"{name} contains NaN or inf")
+        if mass.dim() > 2 or (mass.dim() == 2 and mass.shape[0] != mass.shape[1]):
+            raise ValueError(f"{name} must be a scalar, a vector (diagonal) or a square (n, n) "
+                             f"matrix, got shape {tuple(mass.shape)}")
+        self.kind = {0: "scalar", 1: "diag", 2: "full"}[mass.dim()]
+        self.M = mass.detach()
+        if not invertible:
+            return
+        if mass.dim() <= 1:
+            a = mass.abs()
+            if bool((a == 0).any()) or float(a.max() / a.min()) >= _singular_threshold(a.numel(), mass.dtype):
+                raise ValueError(f"the {name} matrix is singular: its diagonal {mass.tolist()} has "
+                                 "a zero (or numerically zero) entry; q̈ = M⁻¹f needs an invertible M")
+            self.Minv = 1.0 / self.M
+            return
+        cond = float(torch.linalg.cond(mass.detach().double()))
+        if not math.isfinite(cond) or cond >= _singular_threshold(mass.shape[0], mass.dtype):
+            raise ValueError(f"the {name} matrix is singular (condition number {cond:.3e}); "
+                             "q̈ = M⁻¹f needs an invertible M")
+        self.Minv = torch.linalg.inv(self.M)
+
+    @property
+    def n(self):
+        return None if self.kind in ("identity", "scalar") else self.M.shape[0]
+
+    def _check(self, x: Tensor):
+        if self.n is not None and x.shape[-1] != self.n:
+            raise ValueError(f"the mass matrix is {self.n}x{self.n} but the state has "
+                             f"{x.shape[-1]} coordinates (last dim of shape {tuple(x.shape)})")
+
+    def _as(self, A, x):
+        return A if (A.dtype == x.dtype and A.device == x.device) else A.to(x)
+
+    def solve(self, f: Tensor) -> Tensor:
+        """M⁻¹ f, per sample (coordinates last)."""
+        if self.kind == "identity":
+            return f
+        self._check(f)
+        Minv = self._as(self.Minv, f)
+        return f @ Minv.mT if self.kind == "full" else f * Minv
+
+    def apply(self, v: Tensor) -> Tensor:
+        """M v, per sample."""
+        if self.kind == "identity":
+            return v
+        self._check(v)
+        M = self._as(self.M, v)
+        return v @ M.mT if self.kind == "full" else v * M
+
+
+def _check_state(q, v, names=("q", "v")):
+    check_pair(q, v, names)
+
+
+# -- second-order systems -------------------------------------------------------------------------
+class SecondOrderSystem(System):
+    r"""The SODE Γ = v ∂_q + M⁻¹ f(t, q, v) ∂_v on TQ, i.e. q̈ = M⁻¹ f(t, q, q̇) (Sect. 4).
+
+    ``force``: ``f(t, q, v) -> (..., n)``, or ``f(t, q)`` when it does not depend on the velocity
+    (told by its signature; ``velocity_dependent`` overrides — with ``False`` a three-argument f
+    is called with v = 0).  ``mass``: None (identity), a scalar, a vector (diagonal) or an (n, n)
+    tensor, constant; a singular one raises ``ValueError``.  ``energy(q, v)``: pass ``energy`` or
+    build the system with :meth:`from_potential`.
+
+    The integrators' state is (q, v).  When f does not depend on v the system is ``separable``
+    in the sense of ``systems.py`` (``velocity(v) = v``, ``force(q) = M⁻¹f(t, q)``), so the kick/
+    drift methods of ``METHODS`` run on it too (``"verlet"`` is then velocity Verlet, i.e.
+    central-difference Newmark).
+    """
+
+    def __init__(self, force: Callable, mass=None, *, velocity_dependent: bool | None = None,
+                 energy: Callable | None = None):
+        super().__init__()
+        if not callable(force):
+            raise TypeError("force must be callable as force(t, q, v) or force(t, q)")
+        takes_v = _takes_time(force, 2)  # a third positional argument is the velocity
+        if not takes_v and not _takes_time(force, 1):
+            raise TypeError("force must be callable as force(t, q, v) or force(t, q)")
+        self.f = force
+        self._takes_v = takes_v
+        self.velocity_dependent = takes_v if velocity_dependent is None else bool(velocity_dependent)
+        if self.velocity_dependent and not takes_v:
+            raise TypeError("velocity_dependent=True needs force(t, q, v)")
+        self.separable = not self.velocity_dependent
+        self._mass = _Mass(mass)
+        self._energy = energy
+
+    @classmethod
+    def from_potential(cls, potential: Callable, mass=None, *, damping=None,
+                       potential_grad: Callable | None = None) -> "SecondOrderSystem":
+        r"""M q̈ = −∇V(q) − C q̇, with energy ½q̇ᵀMq̇ + V(q) (dissipated by C).
+
+        ``damping`` C: None, a scalar, a vector (diagonal) or an (n, n) tensor."""
+        if not callable(potential):
+            raise TypeError("potential must be callable as potential(q)")
+        C = None if damping is None else _Mass(damping, invertible=False, name="damping")
+
+        def grad_V(q):
+            return potential_grad(q) if potential_grad is not None else grad_of(potential, (q,))[0]
+
+        if C is None:
+            def force(t, q):
+                return -grad_V(q)
+        else:
+            def force(t, q, v):
+                return -grad_V(q) - C.apply(v)
+        system = cls(force, mass)
+
+        def energy(q, v, t=0.0):
+            return 0.5 * (v * system._mass.apply(v)).sum(-1) + potential(q)
+
+        system._energy = energy
+        system.potential = potential
+        return system
+
+    @property
+    def mass(self) -> Tensor | None:
+        return self._mass.M
+
+    def mass_solve(self, f: Tensor) -> Tensor:
+        """M⁻¹ f."""
+        return self._mass.solve(f)
+
+    def mass_apply(self, v: Tensor) -> Tensor:
+        """M v (the momentum of a mechanical system)."""
+        return self._mass.apply(v)
+
+    def acceleration(self, q: Tensor, v: Tensor | None = None, t: float = 0.0) -> Tensor:
+        """q̈ = M⁻¹ f(t, q, v); ``v`` may be None when f does not depend on it."""
+        if self._takes_v:
+            if v is None:
+                if self.velocity_dependent:
+                    raise ValueError("this force depends on the velocity: pass v")
+                v = torch.zeros_like(q)
+            f = self.f(t, q, v)
+        else:
+            f = self.f(t, q)
+        if not isinstance(f, torch.Tensor) or f.shape != q.shape:
+            got = tuple(f.shape) if isinstance(f, torch.Tensor) else type(f).__name__
+            raise ValueError(f"force must return a tensor shaped like q {tuple(q.shape)}, got {got}")
+        return self._mass.solve(f)
+
+    def vector_field(self, q, v, t=0.0):
+        return v, self.acceleration(q, v, t)
+
+    def velocity(self, v, t=0.0):
+        return v
+
+    def force(self, q, t=0.0):
+        if self.velocity_dependent:
+            return super().force(q, t)
+        return self.acceleration(q, None, t)
+
+    def energy(self, q, v, t=0.0):
+        if self._energy is None:
+            raise NotImplementedError("pass energy=... or build the system with from_potential")
+        return self._energy(q, v, t)
+
+
+# -- Lagrangians ----------------------------------------------------------------------------------
+def _rows(out: Tensor, x: Tensor, create_graph: bool) -> Tensor:
+    """Per-sample Jacobian ∂out/∂x, (..., n, n), from n batch-summed reverse passes."""
+    if not out.requires_grad:  # out does not depend on x
+        return out.new_zeros(*out.shape, x.shape[-1])
+    rows = []
+    for i in range(out.shape[-1]):
+        (g,) = torch.autograd.grad(out[..., i].sum(), x, retain_graph=True,
+                                   create_graph=create_graph, allow_unused=True)
+        rows.append(torch.zeros_like(x) if g is None else g)
+    return torch.stack(rows, -2)
+
+
+class DegenerateLagrangianError(ValueError):
+    """∂²L/∂v² is singular: no Legendre transform, no (discrete) Euler–Lagrange solve."""
+
+
+class Lagrangian(System):
+    r"""A Lagrangian L(q, v) or L(q, v, t) → (...,): pass ``fn`` or override ``lagrangian``.
+
+    As a system its state is (q, p) with p = ∂L/∂v (the Legendre transform FL), so that
+    variational integrators report (q, p) and compare with the Hamiltonian side:
+
+        vector_field(q, p) = (v, ∂L/∂q(q, v)),   v = FL⁻¹(q, p)   (Hamilton's equations of H = p·v − L),
+
+    with FL⁻¹ a Newton solve (closed form in :class:`MechanicalLagrangian`).  L must be regular
+    (∂²L/∂v² invertible); where it is not, :class:`DegenerateLagrangianError` (a ``ValueError``)
+    is raised.
+    """
+
+    def __init__(self, fn: Callable | None = None, *, time_dependent: bool | None = None):
+        super().__init__()
+        if fn is not None and not callable(fn):
+            raise TypeError("fn must be callable as fn(q, v) or fn(q, v, t)")
+        self.fn = fn
+        target = fn if fn is not None else self.lagrangian
+        self.time_dependent = _takes_time(target, 2) if time_dependent is None else bool(time_dependent)
+
+    @classmethod
+    def mechanical(cls, potential: Callable, mass=None, *,
+                   potential_grad: Callable | None = None) -> "MechanicalLagrangian":
+        """L = ½vᵀMv − V(q)."""
+        return MechanicalLagrangian(potential, mass, potential_grad=potential_grad)
+
+    def lagrangian(self, q: Tensor, v: Tensor, t: float = 0.0) -> Tensor:
+        if self.fn is None:
+            raise NotImplementedError("pass fn or override lagrangian(q, v)")
+        return self.fn(q, v, t) if self.time_dependent else self.fn(q, v)
+
+    def L(self, q, v, t=0.0) -> Tensor:
+        out = self.lagrangian(q, v, t) if self.time_dependent else self.lagrangian(q, v)
+        if not isinstance(out, torch.Tensor) or out.shape != q.shape[:-1]:
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(f"the Lagrangian must return one value per sample, shape "
+                             f"{tuple(q.shape[:-1])}, got {got}")
+        return out
+
+    def forward(self, q, v, t=0.0):
+        return self.L(q, v, t)
+
+    def derivatives(self, q, v, t=0.0) -> tuple[Tensor, Tensor]:
+        """(∂L/∂q, ∂L/∂v)."""
+        return grad_of(lambda q_, v_: self.L(q_, v_, t), (q, v))
+
+    def legendre(self, q, v, t=0.0) -> Tensor:
+        """p = FL(q, v) = ∂L/∂v."""
+        return self.derivatives(q, v, t)[1]
+
+    def velocity_hessian(self, q, v, t=0.0) -> Tensor:
+        """W = ∂²L/∂v², (..., n, n)."""
+        keep = torch.is_grad_enabled()
+        with torch.enable_grad():
+            vv = v if (keep and v.requires_grad) else v.detach().requires_grad_()
+            qq = q if keep else q.detach()
+            (Lv,) = torch.autograd.grad(self.L(qq, vv, t).sum(), vv, create_graph=True)
+            return _rows(Lv, vv, keep)
+
+    def check_regular(self, q, v, t=0.0) -> None:
+        """Raise :class:`DegenerateLagrangianError` where ∂²L/∂v² is (numerically) singular."""
+        with torch.no_grad():
+            W = self.velocity_hessian(q, v, t)
+        n = W.shape[-1]
+        cond = torch.linalg.cond(W.double())
+        bad = ~torch.isfinite(cond) | (cond >= _singular_threshold(n, q.dtype))
+        if bool(bad.any()):
+            worst = float(torch.where(torch.isfinite(cond), cond, torch.full_like(cond, math.inf)).max())
+            raise DegenerateLagrangianError(
+                f"the Lagrangian is degenerate: its velocity Hessian ∂²L/∂v² is singular at "
+                f"{int(bad.sum())} of {bad.numel()} sample(s) (condition number {worst:.3e}); "
+                "the Legendre transform and the discrete Euler–Lagrange equations need a regular "
+                "Lagrangian")
+
+    def inverse_legendre(self, q, p, t=0.0, v0: Tensor | None = None) -> Tensor:
+        """v with ∂L/∂v(q, v) = p: Newton from ``v0`` (default 0), differentiable (IFT)."""
+        _check_state(q, p, ("q", "p"))
+
+        def residual(v):
+            return self.legendre(q, v, t) - p
+
+        v0 = torch.zeros_like(p) if v0 is None else v0.detach()
+        try:
+            return newton(residual, v0)
+        except ConvergenceError:
+            self.check_regular(q, v0, t)
+            raise
+
+    def vector_field(self, q, p, t=0.0):
+        v = self.inverse_legendre(q, p, t)
+        return v, self.derivatives(q, v, t)[0]
+
+    def energy(self, q, p, t=0.0):
+        """H(q, p) = p·v − L(q, v), v = FL⁻¹(q, p)."""
+        v = self.inverse_legendre(q, p, t)
+        return (p * v).sum(-1) - self.L(q, v, t)
+
+    def lagrangian_energy(self, q, v, t=0.0):
+        """E_L(q, v) = v·∂L/∂v − L."""
+        return (v * self.legendre(q, v, t)).sum(-1) - self.L(q, v, t)
+
+    def sode(self) -> SecondOrderSystem:
+        r"""The Euler–Lagrange equations as a SODE on TQ: W q̈ = ∂L/∂q − (∂²L/∂v∂q) q̇,
+        W = ∂²L/∂v² (time-independent L; the step integrators of Sect. 4 then apply)."""
+        if self.time_dependent:
+            raise NotImplementedError("sode() needs a time-independent Lagrangian")
+
+        def force(t, q, v):
+            keep = torch.is_grad_enabled()
+            with torch.enable_grad():
+                qq = q if (keep and q.requires_grad) else q.detach().requires_grad_()
+                vv = v if (keep and v.requires_grad) else v.detach().requires_grad_()
+                Lq, Lv = torch.autograd.grad(self.L(qq, vv).sum(), (qq, vv), create_graph=True)
+                # (∂²L/∂v∂q)·v = ∂/∂v (∂L/∂q · v̂) with v̂ held fixed: one reverse pass.
+                mixed = torch.autograd.grad((Lq * vv.detach()).sum(), vv, create_graph=keep,
+                                            allow_unused=True)[0]
+                mixed = torch.zeros_like(vv) if mixed is None else mixed
+                W = _rows(Lv, vv, keep)
+                rhs = Lq if keep else Lq.detach()
+            return torch.linalg.solve(W, (rhs - mixed).unsqueeze(-1)).squeeze(-1)
+
+        return SecondOrderSystem(force, None, velocity_dependent=True,
+                                 energy=lambda q, v, t=0.0: self.lagrangian_energy(q, v))
+
+
+class MechanicalLagrangian(Lagrangian):
+    r"""L(q, v) = ½vᵀMv − V(q), M constant and invertible: FL(q, v) = Mv, FL⁻¹(q, p) = M⁻¹p,
+    H = ½pᵀM⁻¹p + V(q) (:meth:`hamiltonian_system`), separable (the kick/drift methods of
+    ``METHODS`` run on it directly)."""
+
+    separable = True
+
+    def __init__(self, potential: Callable, mass=None, *, potential_grad: Callable | None = None):
+        if not callable(potential):
+            raise TypeError("potential must be callable as potential(q)")
+        super().__init__(None, time_dependent=False)
+        self.potential, self.potential_grad = potential, potential_grad
+        self._mass = _Mass(mass)
+
+    def lagrangian(self, q, v, t=0.0):
+        return 0.5 * (v * self._mass.apply(v)).sum(-1) - self.potential(q)
+
+    def grad_V(self, q):
+        if self.potential_grad is not None:
+            return self.potential_grad(q)
+        return grad_of(self.potential, (q,))[0]
+
+    def derivatives(self, q, v, t=0.0):
+        return -self.grad_V(q), self._mass.apply(v)
+
+    def velocity_hessian(self, q, v, t=0.0):
+        n = q.shape[-1]
+        eye = torch.eye(n, dtype=q.dtype, device=q.device)
+        return self._mass.apply(eye).mT.expand(*q.shape[:-1], n, n)
+
+    def inverse_legendre(self, q, p, t=0.0, v0=None):
+        _check_state(q, p, ("q", "p"))
+        return self._mass.solve(p)
+
+    def velocity(self, p, t=0.0):
+        return self._mass.solve(p)
+
+    def force(self, q, t=0.0):
+        return -self.grad_V(q)
+
+    def vector_field(self, q, p, t=0.0):
+        return self._mass.solve(p), -self.grad_V(q)
+
+    def energy(self, q, p, t=0.0):
+        return 0.5 * (p * self._mass.solve(p)).sum(-1) + self.potential(q)
+
+    def hamiltonian_system(self) -> SeparableHamiltonian:
+        """The Legendre-transformed H = ½pᵀM⁻¹p + V(q) as a SeparableHamiltonian."""
+        mass = self._mass
+        return SeparableHamiltonian(lambda p: 0.5 * (p * mass.solve(p)).sum(-1), self.potential,
+                                    kinetic_grad=mass.solve, potential_grad=self.potential_grad)
+
+    def sode(self) -> SecondOrderSystem:
+        return SecondOrderSystem.from_potential(self.potential, self._mass.M,
+                                                potential_grad=self.potential_grad)
+
+
+# -- discrete Lagrangians -------------------------------------------------------------------------
+def has_closed_inverse(R: DiscretizationMap) -> bool:
+    """Whether R_d⁻¹ is a closed formula (twice differentiable by autograd), not a Newton solve."""
+    if isinstance(R, AlphaMap):
+        return True
+    if isinstance(R, RetractionMap):
+        return R._closed_inverse is not None
+    if isinstance(R, AdjointMap):
+        return has_closed_inverse(R.base)
+    return False
+
+
+def base_fraction(R: DiscretizationMap) -> float:
+    """Where in [t, t + h] the base point of R_d sits: α for the α-family and retraction maps
+    (time moves like a configuration variable), ½ otherwise."""
+    if isinstance(R, AdjointMap):
+        return 1.0 - base_fraction(R.base)
+    return float(getattr(R, "alpha", 0.5))
+
+
+class DiscreteLagrangian:
+    r"""L_d^h(q₀, q₁) = h·L(q̄, w/h),  (q̄, w) = R_d⁻¹(q₀, q₁)  (Sect. 5.3; THEORY §7).
+
+    R_d⁻¹ returns a base point and a velocity part: only the velocity part is divided by h.
+    Its partial derivatives come from the chain rule at the base point, DR_d(q̄, w)ᵀ(D₁L_d, D₂L_d)
+    = (h ∂L/∂q, ∂L/∂v) — the cotangent-lift solve of ``maps.py``, so no derivative is taken
+    through a Newton inverse.  For R_d in the α-family and L = ½vᵀMv − V it is the classical
+    L_d = h[½((q₁−q₀)/h)ᵀM((q₁−q₀)/h) − V((1−α)q₀ + αq₁)].
+    Time: L is evaluated at t + αh (α of R_d, ½ for a map without one).
+    """
+
+    def __init__(self, L: Lagrangian, R: DiscretizationMap):
+        if not isinstance(L, Lagrangian):
+            raise TypeError(f"a discrete Lagrangian needs a Lagrangian, got {type(L).__name__}")
+        if not isinstance(R, DiscretizationMap):
+            raise TypeError(f"a discrete Lagrangian needs a DiscretizationMap, got {type(R).__name__}")
+        self.L, self.R = L, R
+        self.alpha = base_fraction(R)
+
+    def __call__(self, q0: Tensor, q1: Tensor, h: float, t: float = 0.0) -> Tensor:
+        qb, w = self.R.inverse(q0, q1)
+        return h * self.L.L(qb, w / h, t + self.alpha * h)
+
+    def at_base(self, qb: Tensor, w: Tensor, h: float, t: float = 0.0, *, ends: bool = True):
+        """(q₀, q₁, D₁L_d, D₂L_d) for the pair (q₀, q₁) = R_d(q̄, w) (the ends are None when
+        ``ends=False``)."""
+        Lq, Lv = self.L.derivatives(qb, w / h, t + self.alpha * h)
+        D1, D2 = self.R.solve_vjp(qb, w, h * Lq, Lv)
+        q0, q1 = self.R._forward(qb, w) if ends else (None, None)
+        return q0, q1, D1, D2
+
+    def derivatives(self, q0: Tensor, q1: Tensor, h: float, t: float = 0.0) -> tuple[Tensor, Tensor]:
+        """(D₁L_d(q₀, q₁), D₂L_d(q₀, q₁))."""
+        qb, w = self.R.inverse(q0, q1)
+        return self.at_base(qb, w, h, t)[2:]
+
+    def momenta(self, q0, q1, h, t=0.0) -> tuple[Tensor, Tensor]:
+        """Discrete Legendre transforms (p₀, p₁) = (−D₁L_d(q₀, q₁), D₂L_d(q₀, q₁))."""
+        D1, D2 = self.derivatives(q0, q1, h, t)
+        return -D1, D2
+
+    def euler_lagrange(self, q_prev, q, q_next, h, t=0.0) -> Tensor:
+        """D₁L_d(q_k, q_{k+1}) + D₂L_d(q_{k−1}, q_k); t is the time of q_{k−1}."""
+        return self.derivatives(q, q_next, h, t + h)[0] + self.derivatives(q_prev, q, h, t)[1]
+
+
+def _check_fractions(maps, fractions):
+    maps = list(maps)
+    if not maps:
+        raise ValueError("need at least one discretization map")
+    for R in maps:
+        if not isinstance(R, DiscretizationMap):
+            raise TypeError(f"expected DiscretizationMaps, got {type(R).__name__}")
+    fractions = [1.0 / len(maps)] * len(maps) if fractions is None else [float(c) for c in fractions]
+    if len(fractions) != len(maps):
+        raise ValueError(f"need one step fraction per map: {len(maps)} maps, {len(fractions)} fractions")
+    if not all(math.isfinite(c) and c != 0.0 for c in fractions):
+        raise ValueError(f"step fractions must be finite and nonzero, got {fractions}")
+    if abs(math.fsum(fractions) - 1.0) > 1e-12:
+        raise ValueError(f"step fractions must sum to 1, got {math.fsum(fractions)!r}")
+    return maps, fractions
+
+
+class ComposedDiscreteLagrangian:
+    r"""L_d(q₀, q_s) = Σᵢ L_d^{(i)}(q_{i−1}, q_i; cᵢh), the interior points q₁ … q_{s−1} solved
+    for from the interior discrete Euler–Lagrange equations
+    D₂L_d^{(i)}(q_{i−1}, q_i) + D₁L_d^{(i+1)}(q_i, q_{i+1}) = 0 (Sect. 6: the composition of the
+    Lagrangian submanifolds; α = 0 then α = 1 at h/2 generates Störmer–Verlet).
+    By stationarity (envelope theorem) D₁L_d = D₁L_d^{(1)}(q₀, q₁), D₂L_d = D₂L_d^{(s)}(q_{s−1}, q_s).
+    The maps need a closed-form inverse (the interior solve differentiates D L_d^{(i)} again).
+    """
+
+    def __init__(self, L: Lagrangian, maps: Sequence[DiscretizationMap], fractions=None):
+        maps, fractions = _check_fractions(maps, fractions)
+        if not all(has_closed_inverse(R) for R in maps):
+            raise ValueError("ComposedDiscreteLagrangian needs maps with a closed-form inverse "
+                             "(AlphaMap, RetractionMap(..., inverse=...))")
+        self.terms = [DiscreteLagrangian(L, R) for R in maps]
+        self.fractions = fractions
+        self.starts = [math.fsum(fractions[:i]) for i in range(len(fractions))]
+
+    def interior(self, q0, qs, h, t=0.0, guess=None) -> list[Tensor]:
+        """The stationary interior points [q₁, …, q_{s−1}] for the end points (q₀, q_s)."""
+        check_pair(q0, qs, ("q0", "qs"))
+        s = len(self.terms)
+        if s == 1:
+            return []
+        c, a = self.fractions, self.starts
+
+        def residual(z):
+            pts = [q0, *z, qs]
+            out = []
+            for i in range(1, s):
+                D2 = self.terms[i - 1].derivatives(pts[i - 1], pts[i], c[i - 1] * h, t + a[i - 1] * h)[1]
+                D1 = self.terms[i].derivatives(pts[i], pts[i + 1], c[i] * h, t + a[i] * h)[0]
+                out.append(D2 + D1)
+            return tuple(out)
+
+        if guess is None:
+            guess = tuple((q0 + a[i] * (qs - q0)).detach() for i in range(1, s))
+        return list(newton(residual, tuple(guess)))
+
+    def __call__(self, q0, qs, h, t=0.0) -> Tensor:
+        pts = [q0, *self.interior(q0, qs, h, t), qs]
+        return sum(term(pts[i], pts[i + 1], c * h, t + a * h)
+                   for i, (term, c, a) in enumerate(zip(self.terms, self.fractions, self.starts)))
+
+    def derivatives(self, q0, qs, h, t=0.0) -> tuple[Tensor, Tensor]:
+        pts = [q0, *self.interior(q0, qs, h, t), qs]
+        c, a = self.fractions, self.starts
+        D1 = self.terms[0].derivatives(pts[0], pts[1], c[0] * h, t)[0]
+        D2 = self.terms[-1].derivatives(pts[-2], pts[-1], c[-1] * h, t + a[-1] * h)[1]
+        return D1, D2
+
+    def momenta(self, q0, qs, h, t=0.0) -> tuple[Tensor, Tensor]:
+        D1, D2 = self.derivatives(q0, qs, h, t)
+        return -D1, D2
