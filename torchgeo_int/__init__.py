@@ -10,6 +10,9 @@ from .systems import Hamiltonian, ODESystem, SeparableHamiltonian, System, Vecto
 from .integrators import (METHODS, TABLES, CoefficientTable, Composition, CotangentLiftIntegrator,
                           Integrator, get_method)
 from .integrators.first_order import FIRST_ORDER_METHODS, FirstOrderIntegrator, theta
+from .integrators.sode import SODE_METHODS, DiscreteSODE, Newmark, NewmarkMap, TangentLiftSODE
+from .integrators.variational import VARIATIONAL_METHODS, DiscreteEulerLagrange, VariationalIntegrator
+from .lagrangian import (DiscreteLagrangian, Lagrangian, MechanicalLagrangian, SecondOrderSystem)
 from .rollout import rollout
 from .odeint import odeint, odeint_adjoint
 from . import distributed, nn
@@ -23,5 +26,8 @@ __all__ = [
     "System", "Hamiltonian", "SeparableHamiltonian", "VectorFieldSystem", "ODESystem",
     "Integrator", "CotangentLiftIntegrator", "Composition", "CoefficientTable", "TABLES",
     "METHODS", "get_method", "rollout", "nn", "distributed",
+    "SODE_METHODS", "DiscreteSODE", "Newmark", "NewmarkMap", "TangentLiftSODE",
+    "VARIATIONAL_METHODS", "DiscreteEulerLagrange", "VariationalIntegrator",
+    "DiscreteLagrangian", "Lagrangian", "MechanicalLagrangian", "SecondOrderSystem",
     "FirstOrderIntegrator", "FIRST_ORDER_METHODS", "theta", "odeint", "odeint_adjoint",
 ]

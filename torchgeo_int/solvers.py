@@ -68,7 +68,7 @@ import torch
 __all__ = ["ConvergenceError", "default_tol", "fixed_point", "newton"]
 
 _BACKWARDS = ("implicit", "unroll")
-_FP_HINT = "reduce the step size h, or use method='newton'"
+_FP_HINT = "reduce the step size h, or use solver='newton'"
 _NEWTON_HINT = "reduce the step size h, or pass damping < 1 or a better initial guess"
 _ADJOINT_HINT = ("the adjoint iteration u = g + J^T u needs fn to be a contraction at the "
                  "solution; reduce the step size h, or raise backward_max_iter")
