@@ -253,8 +253,9 @@ def test_time_dependent_lagrangian(name):
 
 
 def test_composition_with_a_coefficient_table_has_order_4():
-    """The symmetric variational Verlet composed by the triple jump: order 4 (declared, measured)."""
-    m = tgi.Composition(VARIATIONAL_METHODS["variational_verlet"], tgi.TABLES["yoshida4"].gammas)
+    """The symmetric variational midpoint rule composed by the triple jump: order 4 (declared,
+    measured)."""
+    m = tgi.Composition(VARIATIONAL_METHODS["variational_midpoint"], tgi.TABLES["yoshida4"].gammas)
     assert m.order == 4 and m.symmetric and m.symplectic
     L, _ = relativistic()
     T, Ns = 2.7, (8, 16, 32)

@@ -12,7 +12,8 @@ from .integrators import (METHODS, TABLES, CoefficientTable, Composition, Cotang
 from .integrators.first_order import FIRST_ORDER_METHODS, FirstOrderIntegrator, theta
 from .integrators.sode import SODE_METHODS, DiscreteSODE, Newmark, NewmarkMap, TangentLiftSODE
 from .integrators.variational import VARIATIONAL_METHODS, DiscreteEulerLagrange, VariationalIntegrator
-from .lagrangian import (DiscreteLagrangian, Lagrangian, MechanicalLagrangian, SecondOrderSystem)
+from .lagrangian import (ComposedDiscreteLagrangian, DegenerateLagrangianError, DiscreteLagrangian,
+                         Lagrangian, MechanicalLagrangian, SecondOrderSystem)
 from .rollout import rollout
 from .odeint import odeint, odeint_adjoint
 from . import distributed, nn
@@ -28,6 +29,6 @@ __all__ = [
     "METHODS", "get_method", "rollout", "nn", "distributed",
     "SODE_METHODS", "DiscreteSODE", "Newmark", "NewmarkMap", "TangentLiftSODE",
     "VARIATIONAL_METHODS", "DiscreteEulerLagrange", "VariationalIntegrator",
-    "DiscreteLagrangian", "Lagrangian", "MechanicalLagrangian", "SecondOrderSystem",
+    "DiscreteLagrangian", "ComposedDiscreteLagrangian", "DegenerateLagrangianError", "Lagrangian", "MechanicalLagrangian", "SecondOrderSystem",
     "FirstOrderIntegrator", "FIRST_ORDER_METHODS", "theta", "odeint", "odeint_adjoint",
 ]

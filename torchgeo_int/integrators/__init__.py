@@ -29,11 +29,15 @@ def get_method(method, *, first_order: bool = False) -> Integrator:
     with ``first_order=True`` names of FIRST_ORDER_METHODS (eq. (1); ``implicit_midpoint`` is
     then the midpoint rule on x)."""
     from .first_order import FIRST_ORDER_METHODS
+    from .sode import SODE_METHODS
+    from .variational import VARIATIONAL_METHODS
     if isinstance(method, Integrator):
         return method
-    table = FIRST_ORDER_METHODS if first_order else METHODS
-    if isinstance(method, str) and method in table:
-        return table[method]
+    tables = [FIRST_ORDER_METHODS] if first_order else [METHODS, SODE_METHODS, VARIATIONAL_METHODS]
+    for table in tables:
+        if isinstance(method, str) and method in table:
+            return table[method]
+    table = tables[0]
     raise ValueError(f"unknown {'first-order ' if first_order else ''}method {method!r}; known methods: "
                      f"{', '.join(sorted(table))}, or pass an Integrator "
                      "(e.g. CotangentLiftIntegrator(AlphaMap(0.3)))")
