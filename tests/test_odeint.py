@@ -540,3 +540,18 @@ def test_nonconvergence_and_blow_up_are_loud():
     with pytest.raises(FloatingPointError, match="non-finite"):
         odeint(lambda t, y: y ** 2, torch.ones(2), torch.tensor([0.0, 3.0]),
                method="explicit_euler", options=dict(step_size=0.1))
+
+
+def test_theta_method_by_name():
+    """method='theta' with options theta=θ is eq. (1) with AlphaMap(θ): one step of the θ-formula."""
+    A = torch.tensor([[0.0, 1.0], [-2.0, -0.3]])
+    y0 = torch.tensor([1.0, 0.5])
+    t = torch.tensor([0.0, 0.1])
+    for th in (0.0, 0.3, 1.0):
+        y1 = tgi.odeint(lambda t, y: y @ A.T, y0, t, method="theta", options=dict(theta=th), rtol=0, atol=0)[-1]
+        # (y1 − y0)/h = A((1−θ)y0 + θy1)  ⇔  (I − θhA) y1 = (I + (1−θ)hA) y0
+        h, I = 0.1, torch.eye(2)
+        exact = torch.linalg.solve(I - th * h * A, (I + (1 - th) * h * A) @ y0)
+        assert torch.allclose(y1, exact, atol=1e-13)
+    with pytest.raises(ValueError, match="theta"):
+        tgi.odeint(lambda t, y: y, y0, t, method="theta")

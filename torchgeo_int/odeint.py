@@ -77,7 +77,7 @@ import torchdiffeq
 from torchdiffeq._impl.odeint import SOLVERS as _TORCHDIFFEQ_SOLVERS
 
 from .integrators import METHODS, Composition, CotangentLiftIntegrator, Integrator
-from .integrators.first_order import FIRST_ORDER_METHODS, FirstOrderIntegrator
+from .integrators.first_order import FIRST_ORDER_METHODS, FirstOrderIntegrator, theta
 from .rollout import run_loop
 from .solvers import default_tol
 from .systems import Hamiltonian, ODESystem, VectorFieldSystem, grad_of
@@ -88,7 +88,7 @@ __all__ = ["odeint", "odeint_adjoint", "TORCHDIFFEQ_METHODS", "GEOMETRIC_METHODS
 TORCHDIFFEQ_METHODS: tuple[str, ...] = tuple(_TORCHDIFFEQ_SOLVERS)
 PARTITIONED_METHODS: tuple[str, ...] = tuple(sorted(METHODS))
 FIRST_ORDER_METHOD_NAMES: tuple[str, ...] = tuple(sorted(FIRST_ORDER_METHODS))
-GEOMETRIC_METHODS: tuple[str, ...] = tuple(sorted(set(METHODS) | set(FIRST_ORDER_METHODS)))
+GEOMETRIC_METHODS: tuple[str, ...] = tuple(sorted(set(METHODS) | set(FIRST_ORDER_METHODS) | {"theta"}))
 
 _COMMON = ("step_size", "batch_dims", "solver", "max_iter")
 _PARTITIONED_ONLY = ("split", "separable", "hamiltonian")
@@ -99,7 +99,7 @@ _CHECK_EVERY = 64  # steps between finiteness checks (one host sync each)
 def _all_methods() -> str:
     return (f"torchdiffeq's: {', '.join(TORCHDIFFEQ_METHODS)}; geometric (partitioned): "
             f"{', '.join(PARTITIONED_METHODS)}; geometric (first-order, eq. (1)): "
-            f"{', '.join(FIRST_ORDER_METHOD_NAMES)}; or an Integrator instance")
+            f"{', '.join(FIRST_ORDER_METHOD_NAMES)}, theta (options=dict(theta=θ)); or an Integrator instance")
 
 
 def _is_torchdiffeq(method) -> bool:
@@ -238,7 +238,7 @@ def _geometric_odeint(func, y0, t, *, rtol, atol, method, options, event_fn):
     if not isinstance(options, Mapping):
         raise TypeError(f"options must be a dict, got {type(options).__name__}")
     kind, template = _resolve_method(method, y0, options)
-    allowed = OPTIONS if kind == "partitioned" else _COMMON
+    allowed = OPTIONS if kind == "partitioned" else _COMMON + (("theta",) if method == "theta" else ())
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         extra = ""
@@ -290,6 +290,11 @@ def _resolve_method(method, y0, options):
         return ("first_order" if getattr(method, "first_order", False) else "partitioned"), method
     if not isinstance(method, str) or method not in GEOMETRIC_METHODS:
         raise ValueError(f"unknown method {method!r}; known methods: {_all_methods()}")
+    if method == "theta":
+        # the θ-method (x_{k+1} − x_k)/h = X((1−θ)x_k + θx_{k+1}): eq. (1) with AlphaMap(θ)
+        if "theta" not in options:
+            raise ValueError("method 'theta' needs options=dict(theta=θ) with θ in [0, 1]")
+        return "first_order", theta(options["theta"])
     if method in FIRST_ORDER_METHODS:
         partitioned = (isinstance(y0, tuple) and len(y0) == 2
                        or any(k in options for k in _PARTITIONED_ONLY))
