@@ -16,7 +16,7 @@ from .lagrangian import (ComposedDiscreteLagrangian, DegenerateLagrangianError, 
                          Lagrangian, MechanicalLagrangian, SecondOrderSystem)
 from .rollout import rollout
 from .odeint import odeint, odeint_adjoint
-from . import distributed, nn
+from . import distributed, manifolds, nn
 
 __version__ = "0.1.0"
 
@@ -26,7 +26,7 @@ __all__ = [
     "fixed_point", "newton", "ConvergenceError", "default_tol",
     "System", "Hamiltonian", "SeparableHamiltonian", "VectorFieldSystem", "ODESystem",
     "Integrator", "CotangentLiftIntegrator", "Composition", "CoefficientTable", "TABLES",
-    "METHODS", "get_method", "rollout", "nn", "distributed",
+    "METHODS", "get_method", "rollout", "nn", "distributed", "manifolds",
     "SODE_METHODS", "DiscreteSODE", "Newmark", "NewmarkMap", "TangentLiftSODE",
     "VARIATIONAL_METHODS", "DiscreteEulerLagrange", "VariationalIntegrator",
     "DiscreteLagrangian", "ComposedDiscreteLagrangian", "DegenerateLagrangianError", "Lagrangian", "MechanicalLagrangian", "SecondOrderSystem",

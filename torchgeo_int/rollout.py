@@ -55,6 +55,8 @@ def rollout(system, q0: torch.Tensor, p0: torch.Tensor | None = None, *, h: floa
         if not getattr(integrator, "first_order", False):
             raise ValueError(f"p0 is None (a first-order system) but {integrator.name!r} is a "
                              "Hamiltonian method; pass p0 or a first-order method")
+    elif getattr(integrator, "check_state", None) is not None:
+        integrator.check_state(system, q0, p0)  # e.g. Lie groups: g (..., 3, 3) with μ (..., 3)
     else:
         check_pair(q0, p0, ("q0", "p0"))
         check_finite(q0, "q0")
