@@ -1,178 +1,193 @@
-"""The main demo (`make demo`, about 2 minutes on 2 CPU cores).
+"""What torchgeo_int is for, in about two minutes: ``make demo`` (``python experiments/demo.py``).
 
-1. The outer solar system (Hairer–Lubich–Wanner I.2.3) over 2·10⁵ days and Kepler (e = 0.6) over
-   50 periods, with our symplectic methods and with torchdiffeq's rk4 / dopri5: a table of steps,
-   wall time, max relative energy error and final position error against a tight reference,
-   and PNGs of the energy error vs time and the orbits, under results/demo/.
-2. An HNN trained through symplectic steps on the pendulum for a minute, next to the
-   derivative-matching baseline (Greydanus et al. 2019).
+1. Kepler (e = 0.6, T = 200, ≈ 32 orbits) and the outer solar system (HLW I.2.3, T = 2·10⁵ days)
+   with our symplectic methods and with torchdiffeq's rk4 and dopri5, at about the same number
+   of force evaluations: verlet takes one a step, yoshida4 three, kahan_li8 seventeen, rk4 four,
+   implicit_midpoint (a fixed point) about eight, so h scales with that count; dopri5 runs at
+   rtol = atol = 1e-8 and picks its own steps.  Prints, per
+   problem: method, steps, force evaluations, wall time, max relative energy error, final
+   position error against scipy's DOP853 at rtol = 1e-13.  The symplectic methods keep the
+   energy error bounded; rk4 and dopri5 drift.
+2. Plots under results/demo/: energy error vs time (log–log) and the orbits.
+3. If ``experiments.hnn`` provides ``demo_pendulum``, trains a Hamiltonian neural network through
+   symplectic (Verlet) steps on the pendulum for about a minute, and compares its energy MSE
+   with the derivative-matching HNN baseline.
+
+    python experiments/demo.py [--quick] [--hnn-seconds 60] [--no-hnn] [--out results/demo]
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import pathlib
 import sys
 import time
 
-import torch
-import torchdiffeq
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:          # run as a script: make `experiments` importable
+    sys.path.insert(0, str(ROOT))
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
 import torchgeo_int as tgi  # noqa: E402
-from experiments.problems import kepler_energy, kepler_initial, kepler_system, outer_solar_system  # noqa: E402
+from experiments.bench import common  # noqa: E402
 
-OUT = pathlib.Path("results/demo")
-
-
-def run_ours(system, q0, p0, method, h, steps, save_every):
-    t = time.perf_counter()
-    with torch.no_grad():
-        q, p = tgi.rollout(system, q0, p0, h=h, steps=steps, method=method, save_every=save_every)
-    return q, p, time.perf_counter() - t
-
-
-def run_torchdiffeq(system, q0, p0, method, h, steps, save_every, rtol=None):
-    n = q0.numel()
-
-    def f(t, y):
-        q, p = y[:n].reshape(q0.shape), y[n:].reshape(p0.shape)
-        return torch.cat([system.velocity(p).reshape(-1), system.force(q).reshape(-1)])
-
-    ts = torch.arange(0, steps + 1, save_every, dtype=q0.dtype) * h
-    opts = dict(method=method, options=dict(step_size=h)) if rtol is None else \
-        dict(method=method, rtol=rtol, atol=rtol)
-    t = time.perf_counter()
-    with torch.no_grad():
-        y = torchdiffeq.odeint(f, torch.cat([q0.reshape(-1), p0.reshape(-1)]), ts, **opts)
-    return y[:, :n].reshape(-1, *q0.shape), y[:, n:].reshape(-1, *p0.shape), time.perf_counter() - t
+# (method, force evaluations per step); h = base_h × that count (implicit midpoint: × 1).
+# (method, force evaluations per step); h = base_h × that count, so that every fixed-step
+# method spends about one force evaluation per base_h (implicit midpoint: ≈ 8 fixed-point
+# evaluations a step at these h).
+METHODS = [("verlet", 1), ("yoshida4", 3), ("kahan_li8", 17), ("implicit_midpoint", 8),
+           ("rk4", 4), ("dopri5", None)]
+SETTINGS = {   # final time, base step
+    "kepler": dict(T=200.0, h=0.005),
+    "outer_solar_system": dict(T=2e5, h=10.0),
+}
+N_OUT = 500
 
 
-def study(name, system, energy, q0, p0, T, h, save_every, ref, configs):
+def integrate(problem, name, evals_per_step, T, base_h):
+    """Trajectory (times, q, p), steps, force evaluations, wall seconds."""
+    q0, p0 = problem.q0, problem.p0
+    t0 = time.perf_counter()
+    if name in tgi.METHODS:
+        h = base_h * evals_per_step
+        steps = int(round(T / h))
+        counting = common.Counting(problem.system)
+        with torch.no_grad():
+            q, p = tgi.rollout(counting, q0, p0, h=h, steps=steps, method=name,
+                               save_every=max(1, steps // N_OUT))
+        times = np.arange(len(q)) * max(1, steps // N_OUT) * h
+        evals = counting.evaluations
+    else:
+        h = base_h * evals_per_step if evals_per_step else None
+        steps = int(round(T / h)) if h else None
+        # output times on rk4's own grid (torchdiffeq interpolates linearly between its steps)
+        every = max(1, steps // N_OUT) * h if h else T / N_OUT
+        times = np.arange(0.0, T + 0.5 * every, every)
+        kw = dict(h=h) if h else dict(rtol=1e-8)
+        (q, p), evals = common.torchdiffeq_solve(problem.system, q0, p0, T, name, shape=q0.shape,
+                                                 times=times, **kw)
+        if steps is None:          # dopri5: accepted + rejected steps, ~6 evaluations each
+            steps = f"~{evals // 6}"
+    seconds = time.perf_counter() - t0
+    return times, q, p, steps, evals, seconds
+
+
+def run_problem(key, args):
+    problem = common.PROBLEMS[key]()
+    s = SETTINGS[key]
+    T = s["T"] * (args.fraction if args.fraction else (0.1 if args.quick else 1.0))
+    qr, _ = common.reference(problem, T)
+    E0 = float(problem.energy(problem.q0, problem.p0))
     rows, curves = [], {}
-    E0 = energy(q0, p0)
-    for label, kind, method, hh, extra in configs:
-        steps = round(T / hh)
-        se = max(1, round(save_every * h / hh))
-        if kind == "ours":
-            q, p, sec = run_ours(system, q0, p0, method, hh, steps, se)
-        else:
-            q, p, sec = run_torchdiffeq(system, q0, p0, method, hh, steps, se, **extra)
-        rel = ((energy(q, p) - E0) / E0).abs()
-        err = float((q[-1] - ref).norm() / ref.norm())
-        rows.append(dict(problem=name, method=label, steps=steps, h=hh, seconds=sec,
-                         max_rel_energy_error=float(rel.max()), final_position_error=err))
-        curves[label] = (torch.arange(len(rel)) * se * hh, rel, q)
-        print(f"  {label:<28} {steps:>7} {sec:>8.2f} {float(rel.max()):>14.2e} {err:>14.2e}", flush=True)
-    return rows, curves
+    for name, per_step in METHODS:
+        times, q, p, steps, evals, seconds = integrate(problem, name, per_step, T, s["h"])
+        rel = ((problem.energy(q, p) - E0) / abs(E0)).abs()
+        curves[name] = (times, rel.numpy(), q.numpy())
+        rows.append(dict(method=name, steps=steps, evals=evals, seconds=seconds,
+                         max_rel_energy_error=float(rel.max()),
+                         final_position_error=common.position_error(q[-1], qr)))
+        print(f"  {key:18s} {name:18s} {seconds:6.2f} s", flush=True)
+    return problem, T, rows, curves, qr
 
 
-def plot(name, curves, orbit_dims):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for label, (t, rel, q) in curves.items():
-        ax.semilogy(t, rel.clamp_min(1e-17), label=label, lw=0.8)
-    ax.set_xlabel("t")
-    ax.set_ylabel("|H − H₀| / |H₀|")
-    ax.set_title(f"{name}: relative energy error")
-    ax.legend(fontsize=7)
-    label = next(iter(curves))
-    q = curves[label][2]
-    for body in orbit_dims:
-        bx.plot(q[:, body, 0], q[:, body, 1], lw=0.5) if q.dim() == 3 else bx.plot(q[:, 0], q[:, 1], lw=0.5)
-        if q.dim() == 2:
-            break
-    bx.set_aspect("equal")
-    bx.set_title(f"{name}: orbits ({label})")
+def plot_energy(results, path):
+    plt = common.plt()
+    fig, axes = plt.subplots(1, len(results), figsize=(6.5 * len(results), 4.8))
+    for ax, (key, (problem, T, rows, curves, _)) in zip(np.atleast_1d(axes), results.items()):
+        for name, (t, rel, _) in curves.items():
+            ax.loglog(t[1:], np.maximum(rel[1:], 1e-17), lw=1, label=name,
+                      ls="-" if name in tgi.METHODS else ":")
+        ax.set_xlabel(f"t{' [days]' if problem.unit else ''}")
+        ax.set_ylabel("|H − H₀| / |H₀|")
+        ax.set_title(f"{key}, T = {T:g}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("energy error at ≈ equal force evaluations; solid: torchgeo_int, dotted: "
+                 "torchdiffeq", fontsize=10)
     fig.tight_layout()
-    path = OUT / f"{name.replace(' ', '_')}.png"
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
-    return path
 
 
-def reference_solution(f, y0, T):
-    from scipy.integrate import solve_ivp
+def plot_orbits(results, path):
+    plt = common.plt()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.5))
+    problem, T, rows, curves, _ = results["kepler"]
+    for name in ("verlet", "rk4", "dopri5"):
+        q = curves[name][2]
+        axes[0].plot(q[:, 0], q[:, 1], lw=0.6, label=name)
+    axes[0].set_aspect("equal")
+    axes[0].set_title(f"Kepler e = 0.6, T = {T:g}: saved points of each trajectory")
+    axes[0].legend(fontsize=8)
+    if "outer_solar_system" in results:
+        problem, T, rows, curves, _ = results["outer_solar_system"]
+        _, _, _, _, bodies = common.load_outer_solar_system()
+        q = curves["kahan_li8"][2]
+        for i, body in enumerate(bodies):
+            axes[1].plot(q[:, i, 0], q[:, i, 1], lw=0.6, label=body)
+        axes[1].set_aspect("equal")
+        axes[1].set_title(f"outer solar system, kahan_li8, T = {T:g} days (x, y in AU)")
+        axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
-    sol = solve_ivp(f, (0.0, T), y0, method="DOP853", rtol=1e-13, atol=1e-16)
-    return sol.y[:, -1]
+
+def hnn_part(seconds, out):
+    """The HNN demo of experiments/hnn, if it is there; a one-line note otherwise."""
+    try:
+        from experiments.hnn import demo_pendulum
+    except ImportError as err:
+        print(f"HNN demo: skipped (experiments.hnn.demo_pendulum is not available: {err})")
+        return None
+    print(f"\nHNN on the pendulum: training through symplectic steps, ~{seconds:g} s "
+          "(then the derivative-matching baseline)")
+    res = demo_pendulum(seconds=seconds, progress=True)
+    sym, base = res["symplectic"], res["derivative_matching"]
+    print(f"  energy MSE: symplectic-step HNN {sym['energy_mse']:.3g} ({sym.get('method', '')}, "
+          f"{sym.get('steps')} training steps) vs derivative matching {base['energy_mse']:.3g} "
+          f"({base.get('steps')} steps): ratio {res['energy_mse_ratio']:.3g} (< 1: better)")
+    (out / "hnn.json").write_text(json.dumps(res, indent=1, default=str))
+    return res
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="torchgeo_int main demo")
-    ap.add_argument("--quick", action="store_true", help="smoke-test sizes (seconds)")
-    ap.add_argument("--hnn-seconds", type=float, default=60.0)
+    ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="shorter times, a 10-second HNN part")
+    ap.add_argument("--fraction", type=float, default=None,
+                    help="integrate over this fraction of the final times (default 1; --quick 0.1)")
+    ap.add_argument("--hnn-seconds", type=float, default=None)
+    ap.add_argument("--no-hnn", action="store_true")
+    ap.add_argument("--problems", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    ap.add_argument("--out", default=str(common.RESULTS / "demo"))
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)  # tiny tensors: threads only add overhead
-    OUT.mkdir(parents=True, exist_ok=True)
-    import numpy as np
-
-    header = f"  {'method':<28} {'steps':>7} {'wall s':>8} {'max |ΔH/H|':>14} {'final q err':>14}"
-    # --- outer solar system ---
-    system, q0, p0, m = outer_solar_system()
-    T = 2e4 if args.quick else 2e5
-    n = q0.numel()
-
-    def f_np(t, y):
-        q = torch.tensor(y[:n]).reshape(6, 3)
-        p = torch.tensor(y[n:]).reshape(6, 3)
-        return np.concatenate([system.velocity(p).reshape(-1).numpy(), system.force(q).reshape(-1).numpy()])
-
-    ref = torch.tensor(reference_solution(f_np, np.concatenate([q0.reshape(-1), p0.reshape(-1)]), T)[:n]).reshape(6, 3)
-    print(f"Outer solar system, T = {T:g} days (reference: scipy DOP853, rtol 1e-13)\n{header}")
-    configs = [("verlet h=10", "ours", "verlet", 10.0, {}),
-               ("yoshida4 h=10", "ours", "yoshida4", 10.0, {}),
-               ("kahan_li8 h=50", "ours", "kahan_li8", 50.0, {}),
-               ("torchdiffeq rk4 h=10", "td", "rk4", 10.0, {}),
-               ("torchdiffeq dopri5 tol=1e-8", "td", "dopri5", 10.0, dict(rtol=1e-8))]
-    rows, curves = study("outer solar system", system, system.energy, q0, p0, T, 10.0, 20, ref, configs)
-    png1 = plot("outer solar system", curves, range(6))
-    # --- Kepler ---
-    e, periods = 0.6, (5 if args.quick else 50)
-    T = 2 * math.pi * periods
-    kq0, kp0 = kepler_initial(e)
-    ksys = kepler_system()
-    kref = torch.tensor(reference_solution(
-        lambda t, y: np.concatenate([y[2:], -y[:2] / np.linalg.norm(y[:2]) ** 3]),
-        np.concatenate([kq0.numpy(), kp0.numpy()]), T)[:2])
-    print(f"\nKepler e = {e}, {periods} periods (reference: scipy DOP853)\n{header}")
-    kconfigs = [("verlet h=0.01", "ours", "verlet", 0.01, {}),
-                ("yoshida4 h=0.02", "ours", "yoshida4", 0.02, {}),
-                ("implicit_midpoint h=0.01", "ours", "implicit_midpoint", 0.01, {}),
-                ("torchdiffeq rk4 h=0.01", "td", "rk4", 0.01, {}),
-                ("torchdiffeq dopri5 tol=1e-8", "td", "dopri5", 0.01, dict(rtol=1e-8))]
-    if args.quick:
-        kconfigs = [c for c in kconfigs if "implicit" not in c[0]]
-    krows, kcurves = study("Kepler", ksys, kepler_energy, kq0, kp0, T, 0.01, 10, kref, kconfigs)
-    png2 = plot("Kepler", kcurves, [0])
-    (OUT / "integrators.json").write_text(json.dumps(rows + krows, indent=1))
-    md = ["| problem | method | steps | wall s | max rel. energy error | final position error |",
-          "|---|---|---|---|---|---|"]
-    md += [f"| {r['problem']} | {r['method']} | {r['steps']} | {r['seconds']:.2f} | "
-           f"{r['max_rel_energy_error']:.2e} | {r['final_position_error']:.2e} |" for r in rows + krows]
-    (OUT / "integrators.md").write_text("\n".join(md) + "\n")
-    print(f"\nwrote {png1}, {png2}, {OUT / 'integrators.md'}")
-
-    # --- HNN ---
-    try:
-        from experiments.hnn import demo_pendulum
-    except ImportError as err:  # the demo still shows the integrators
-        print(f"\n(HNN demo unavailable: {err})")
-        return
-    seconds = 8.0 if args.quick else args.hnn_seconds
-    print(f"\nHNN on the pendulum (Greydanus et al. task), ~{seconds:.0f} s of training:")
-    r = demo_pendulum(seconds=seconds, progress=True)
-    s, d = r["symplectic"], r["derivative_matching"]
-    print(f"  trained through symplectic steps ({s['method']}): energy MSE {s['energy_mse']:.3e}, "
-          f"state MSE {s['state_mse']:.3e}")
-    print(f"  derivative matching (baseline):          energy MSE {d['energy_mse']:.3e}, "
-          f"state MSE {d['state_mse']:.3e}")
-    print(f"  energy-MSE ratio symplectic / baseline: {r['energy_mse_ratio']:.2f}")
-    (OUT / "hnn.json").write_text(json.dumps(r, indent=1, default=float))
+    torch.set_num_threads(1)   # small problems: threads only add overhead on a shared machine
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    print("integrating (float64, eager, 1 CPU thread) …")
+    results = {key: run_problem(key, args) for key in args.problems}
+    cols = [("method", "method"), ("steps", "steps"), ("evals", "force evals"),
+            ("seconds", "wall s"), ("max_rel_energy_error", "max |ΔH/H₀|"),
+            ("final_position_error", "final position error")]
+    md = []
+    for key, (problem, T, rows, _, _) in results.items():
+        table = common.markdown_table(rows, cols)
+        head = f"{key}, T = {T:g}{' days' if problem.unit else ''}"
+        print(f"\n{head}\n{table}")
+        md += [f"## {head}", "", table, ""]
+    if "kepler" in results:
+        plot_energy(results, out / "energy_error.png")
+        plot_orbits(results, out / "orbits.png")
+        md += ["![energy error](energy_error.png)", "", "![orbits](orbits.png)", ""]
+    hnn = None if args.no_hnn else hnn_part(args.hnn_seconds or (10.0 if args.quick else 60.0), out)
+    (out / "integrators.md").write_text("# torchgeo_int demo\n\n" + common.machine() + "\n\n" + "\n".join(md))
+    (out / "integrators.json").write_text(json.dumps(
+        dict(problems={k: dict(T=v[1], rows=v[2]) for k, v in results.items()}, hnn=hnn),
+        indent=1, default=str))
+    print(f"\nwrote {out}/integrators.md, energy_error.png, orbits.png ({time.perf_counter() - t0:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,82 @@
+"""``python -m experiments.bench [--quick] [--only NAME ...] [--skip NAME ...]``: every benchmark.
+
+Runs throughput, work_precision, training_cost, memory (when ``experiments/bench/memory.py`` is
+there) and, on a machine with CUDA, gpu; each writes its markdown/JSON/PNG under results/bench/,
+and results/bench/index.md lists them with their run times.  A benchmark that fails is reported
+and the others still run; the exit status is then 1.  Full run: roughly 10–20 minutes on two
+CPU cores; --quick: a few minutes.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import pathlib
+import sys
+import time
+import traceback
+
+import torch
+
+from . import common
+
+BENCHES = ["throughput", "work_precision", "training_cost", "memory", "gpu"]
+
+
+def _available(name):
+    if name == "memory":
+        return (pathlib.Path(__file__).parent / "memory.py").exists(), "experiments/bench/memory.py absent"
+    if name == "gpu":
+        return torch.cuda.is_available(), "no CUDA device (python -m experiments.bench.gpu runs it on the CPU)"
+    return True, ""
+
+
+def _argv(name, args):
+    if name == "memory":        # its own options: --quick only
+        return ["--quick"] if args.quick else []
+    argv = ["--out", args.out, "--threads", str(args.threads)]
+    return argv + (["--quick"] if args.quick else []) + (["--no-progress"] if args.no_progress else [])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", nargs="+", choices=BENCHES, default=None)
+    ap.add_argument("--skip", nargs="+", choices=BENCHES, default=[])
+    ap.add_argument("--out", default=str(common.RESULTS / "bench"))
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    lines, failed, t_all = [], [], time.perf_counter()
+    for name in BENCHES:
+        if (args.only and name not in args.only) or name in args.skip:
+            continue
+        ok, why = _available(name)
+        if not ok:
+            print(f"== {name}: skipped ({why})")
+            lines.append(f"| {name} | skipped: {why} | — |")
+            continue
+        print(f"\n== {name} " + "=" * 60, flush=True)
+        t0 = time.perf_counter()
+        try:
+            importlib.import_module(f"{__package__}.{name}").main(_argv(name, args))
+            status = f"[{name}.md]({name}.md)"
+        except Exception:   # noqa: BLE001 — report, run the others, fail at the end
+            traceback.print_exc()
+            failed.append(name)
+            status = "FAILED (see the console)"
+        lines.append(f"| {name} | {status} | {time.perf_counter() - t0:.0f} |")
+    index = ["# Benchmarks", "", common.machine() + ("; --quick sizes" if args.quick else ""), "",
+             "| benchmark | result | seconds |", "|---|---|---|", *lines, "",
+             f"total {time.perf_counter() - t_all:.0f} s"]
+    (out / "index.md").write_text("\n".join(index) + "\n")
+    print("\n".join(index))
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""rollout(..., compile=True) and torchgeo_int._compile: compiled and eager rollouts agree.
+
+CPU compiles take seconds each, so few configurations are compiled here: Verlet one step per
+call (what rollout(compile=True) does today), yoshida4 in blocks, implicit midpoint with a
+compiled vector field, and one system that cannot be compiled (eager fallback).
+"""
+import warnings
+
+import pytest
+import torch
+
+import torchgeo_int as tgi
+from problems import kepler, kepler_initial
+from torchgeo_int._compile import CompiledStep, compiled_rollout, compiled_step, default_block
+from torchgeo_int.rollout import run_loop
+
+
+def _batch(e=0.6, n=3):
+    q0, p0 = kepler_initial(e)
+    # slightly different orbits per sample, so a mix-up of samples would show
+    scale = torch.linspace(0.9, 1.1, n)[:, None]
+    return q0 * scale, p0 / scale.sqrt()
+
+
+def _loop(step, system, q0, p0, steps, save_every=1, h=0.01):
+    with torch.no_grad():
+        return run_loop(step, q0, p0, system=system, h=h, steps=steps, t0=0.0,
+                        save_every=save_every, check_every=16)
+
+
+def test_compiled_verlet_rollout_matches_eager():
+    system = kepler(separable=True, analytic=True)
+    q0, p0 = _batch()
+    with torch.no_grad():
+        qe, pe = tgi.rollout(system, q0, p0, h=0.01, steps=300, method="verlet")
+        qc, pc = tgi.rollout(system, q0, p0, h=0.01, steps=300, method="verlet", compile=True)
+        # a second rollout with another h and t0 reuses the graph (h, t are not baked in)
+        qe2, pe2 = tgi.rollout(system, q0, p0, h=0.02, steps=50, method="verlet", t0=1.0)
+        qc2, pc2 = tgi.rollout(system, q0, p0, h=0.02, steps=50, method="verlet", t0=1.0,
+                               compile=True)
+    assert qc.shape == qe.shape and qc.dtype == torch.float64
+    assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
+    assert (qc2 - qe2).abs().max() < 1e-12 and (pc2 - pe2).abs().max() < 1e-12
+
+
+def test_compiled_blocks_match_eager_with_tail_and_save_every():
+    """yoshida4 in lookahead blocks of 3 steps: 3·13 + 2 steps (an eager tail), every state and
+    every fourth one saved; the block's states are handed out one call at a time."""
+    system = kepler(separable=True, analytic=True)
+    m = tgi.METHODS["yoshida4"]
+    q0, p0 = _batch()
+    steps = 41
+    step = compiled_step(m, system, steps=steps, block=3)
+    assert isinstance(step, CompiledStep) and step.mode == "blocks"
+    qe, pe = _loop(m.step, system, q0, p0, steps)
+    qc, pc = _loop(step, system, q0, p0, steps)
+    assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
+    q4, p4 = _loop(compiled_step(m, system, steps=steps, block=3), system, q0, p0, steps, 4)
+    assert torch.equal(q4, qc[::4]) and torch.equal(p4, pc[::4])
+    # A caller that does not pass back the state it got drops the block and recomputes.
+    q1, p1, cache = step(system, q0, p0, 0.0, 0.01, None)
+    q2, p2, _ = step(system, q1.clone(), p1.clone(), 0.01, 0.01, cache)
+    q2e, p2e = m(system, *m(system, q0, p0, 0.0, 0.01), 0.01, 0.01)
+    assert (q2 - q2e).abs().max() < 1e-14 and (p2 - p2e).abs().max() < 1e-14
+
+
+def test_compiled_rollout_macro_steps_match_eager():
+    """save_every = 8, K = 4: run_loop steps Φ_h⁴ with step 4h and forms only the saved states;
+    steps = 8·6 + 5 (the last 5 reach no saved state)."""
+    system = kepler(separable=True, analytic=True)
+    m = tgi.METHODS["verlet"]
+    q0, p0 = _batch()
+    with torch.no_grad():
+        qc, pc = compiled_rollout(m, system, q0, p0, h=0.01, steps=53, save_every=8, block=4)
+        qe, pe = tgi.rollout(system, q0, p0, h=0.01, steps=53, method="verlet", save_every=8)
+    assert qc.shape == qe.shape == (7, 3, 2)
+    assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
+    # a blow-up is reported in steps, not in macro steps
+    blowup = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: -(q ** 4).sum(-1),
+                                      kinetic_grad=lambda p: p, potential_grad=lambda q: -4 * q ** 3)
+    with pytest.raises(FloatingPointError, match=r"between step 0 and step 64\b"):
+        with torch.no_grad():
+            compiled_rollout(m, blowup, torch.tensor([[2.0]]), torch.tensor([[0.0]]), h=0.5,
+                             steps=200, save_every=4, check_every=64, block=4)
+
+
+def test_compiled_implicit_midpoint_runs_and_says_so():
+    system = kepler(separable=False, analytic=False)   # X_H by autograd, traced
+    q0, p0 = _batch()
+    with torch.no_grad():
+        qe, pe = tgi.rollout(system, q0, p0, h=0.02, steps=40, method="implicit_midpoint")
+        with pytest.warns(UserWarning, match="implicit_midpoint.*implicit.*vector field is compiled"):
+            qc, pc = tgi.rollout(system, q0, p0, h=0.02, steps=40, method="implicit_midpoint",
+                                 compile=True)
+    assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
+
+
+def test_uncompilable_system_falls_back_to_eager_with_a_warning():
+    # Python floats out of the tensor inside the force: dynamo cannot trace it into one graph.
+    def grad_V(q):
+        return torch.tensor(q.tolist(), dtype=q.dtype)
+
+    system = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: 0.5 * (q * q).sum(-1),
+                                      kinetic_grad=lambda p: p, potential_grad=grad_V)
+    q0, p0 = torch.tensor([[1.0]]), torch.tensor([[0.0]])
+    step = compiled_step(tgi.METHODS["verlet"], system)
+    with pytest.warns(UserWarning, match="could not compile the step of 'verlet'.*eagerly"):
+        qc, pc = _loop(step, system, q0, p0, 20, h=0.1)
+    assert step.mode == "eager"
+    qe, pe = _loop(tgi.METHODS["verlet"].step, system, q0, p0, 20, h=0.1)
+    assert torch.equal(qc, qe) and torch.equal(pc, pe)
+    # the fallback is remembered: no second attempt, no second warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _loop(compiled_step(tgi.METHODS["verlet"], system), system, q0, p0, 5, h=0.1)
+
+
+def test_block_sizes_and_bad_arguments():
+    sep, nonsep = kepler(separable=True, analytic=True), kepler(separable=False)
+    assert default_block(tgi.METHODS["verlet"], sep) == 16
+    assert default_block(tgi.METHODS["yoshida4"], sep) == 5      # 3 drifts per step
+    assert default_block(tgi.METHODS["kahan_li8"], sep) == 1     # 17 drifts: one step a block
+    assert default_block(tgi.METHODS["verlet"], nonsep) == 1     # implicit there
+    m = tgi.METHODS["verlet"]
+    with pytest.raises(ValueError, match="block must be an int"):
+        compiled_step(m, sep, steps=10, block=0)
+    with pytest.raises(ValueError, match="step count"):
+        compiled_step(m, sep, block=4)
+    step = compiled_step(m, sep)
+    q0, p0 = kepler_initial(0.5)
+    with pytest.raises(ValueError, match="another system"):
+        step(kepler(separable=True), q0, p0, 0.0, 0.1, None)

@@ -1,0 +1,356 @@
+r"""``rollout(..., compile=True)``: the step through ``torch.compile``, compiled once.
+
+A plain ``torch.compile(integrator.step)`` is slower than eager on CPU: ``t`` (a Python float that
+changes every step) and the cache (``None`` on step 0, a tensor afterwards) are specialised, so
+it recompiles, and every call pays dynamo's guards and inductor's wrapper (≈ 40–60 µs on a CPU
+core: as much as a whole eager Verlet step on a small batch).  Here:
+
+* **Explicit kick–drift methods on separable systems** (``integrator.splitting()`` and
+  ``system.separable``): the integrator's own ``step``, unrolled n times, is one graph of tensors
+  ``(q, p, force) -> (q, p, force)``.  The FSAL force is computed eagerly before the first call,
+  so the graph always receives a tensor; a time-independent system gets a constant ``t`` (it
+  ignores it), a time-dependent one the float, which dynamo makes dynamic after one recompile;
+  ``h`` is a float, dynamic after the first change of step size.
+* **Blocks of K steps** amortise the per-call overhead (K = ``BLOCK_BUDGET // drifts per step``:
+  compile time grows with the unrolled graph).  Two forms:
+
+  - :func:`compiled_rollout` (``save_every`` a multiple of some K' ≤ K): ``run_loop`` steps the
+    K'-fold composition Φ_h^{K'} with step K'h, each call returning only its final state — the
+    fastest form (the outputs are exactly the states ``run_loop`` would have saved);
+  - :class:`CompiledStep` with ``steps=`` (every state saved): one call computes K states and
+    the next K − 1 calls hand them out through the cache (a ``_Block`` cursor; a caller that
+    passes back another state drops the block).  The last ``steps mod K`` steps run eagerly, so
+    no second graph is compiled.  Returning K states costs memory traffic, so large states
+    (≥ ``LOOKAHEAD_MAX`` elements per block) take one compiled step per call instead.
+
+  Under autograd every call is one step: a block would also compile its K-step backward, which
+  takes minutes on CPU.
+* **Everything else** (implicit methods, non-separable systems): the integrator's own eager step
+  (its solver loop has data-dependent iteration counts and host syncs) on a proxy of the system
+  whose ``vector_field`` / ``force`` / ``velocity`` are compiled, with a warning that says so.
+  On CPU this is slower than eager for small batches (each evaluation pays the call overhead).
+* Autograd inside the system (X_H of a :class:`Hamiltonian` by ``torch.autograd.grad``) is traced
+  (dynamo's ``trace_autograd_ops``).  If compiling fails, a warning says why and the step runs
+  eagerly from then on.
+
+Compiled graphs are kept per (integrator, system) pair, for the last ``KEEP`` pairs, and each
+pair has its own code objects (dynamo's recompile limit counts per code object).  Results agree
+with the eager rollout to round-off (inductor fuses and may reorder arithmetic).
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import re
+import types
+import warnings
+
+import torch
+
+from .solvers import ConvergenceError
+
+__all__ = ["compiled_step", "compiled_rollout", "CompiledStep", "default_block"]
+
+#: drifts (≈ force evaluations) unrolled into one compiled block.
+BLOCK_BUDGET = 16
+#: largest number of state elements (numel(q) × K) a lookahead block returns.
+LOOKAHEAD_MAX = 2 ** 17
+#: (integrator, system) pairs whose compiled graphs are kept.
+KEEP = 16
+_ids = itertools.count()
+
+
+def _explicit_split(integrator, system):
+    return integrator.splitting() if getattr(system, "separable", False) else None
+
+
+def default_block(integrator, system) -> int:
+    """K of a block: ``BLOCK_BUDGET // drifts per step``; 1 when the step is not explicit."""
+    split = _explicit_split(integrator, system)
+    if split is None:
+        return 1
+    return max(1, BLOCK_BUDGET // max(1, len(split[1])))
+
+
+def _fresh(fn, tag):
+    """A copy of ``fn`` with its own code object, hence its own dynamo cache."""
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{tag}")
+    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+
+
+def _compile(fn, tag):
+    return torch.compile(_fresh(fn, tag), fullgraph=True)
+
+
+def _traced(call, *args):
+    """``call(*args)``; if that fails, again with dynamo tracing ``torch.autograd.grad`` (X_H of a
+    :class:`Hamiltonian`), which is off by default.  The flag matters only while a graph is
+    traced, and a config patch costs ≈ 20 µs, so it is not set on every call."""
+    try:
+        return call(*args)
+    except Exception:  # noqa: BLE001 — retried once with the flag; a second failure propagates
+        with torch._dynamo.config.patch(trace_autograd_ops=True):
+            return call(*args)
+
+
+class _Block:
+    """The cursor the cache carries between the calls that hand out a lookahead block: the
+    states, the index of the next one, the last one handed out (the state the next call must
+    receive; anything else means the caller moved on) and the force at the final state (FSAL)."""
+
+    __slots__ = ("qs", "ps", "n", "i", "last", "force")
+
+    def __init__(self, qs, ps, force):
+        self.qs, self.ps, self.force = qs, ps, force
+        self.n, self.i, self.last = len(qs), 0, None
+
+    def next(self):
+        q, p = self.qs[self.i], self.ps[self.i]
+        self.i += 1
+        self.last = q
+        return q, p, self
+
+
+def _force_of(cache, q):
+    """The FSAL force a cache holds for state q (None when it holds none, or another state's)."""
+    if isinstance(cache, _Block):
+        return cache.force if (cache.i == cache.n and q is cache.last) else None
+    return cache
+
+
+class _Kernels:
+    """The compiled functions of one (integrator, system) pair, shared by its rollouts."""
+
+    def __init__(self, integrator, system):
+        self.integrator, self.system = integrator, system
+        self.name = getattr(integrator, "name", type(integrator).__name__)
+        self.time_dependent = bool(getattr(system, "time_dependent", True))
+        split = _explicit_split(integrator, system)
+        self.explicit = split is not None
+        # The force is carried between calls (FSAL) only when a step starts and ends with a kick;
+        # otherwise the graph computes what it needs and the cache stays None.
+        self.fsal = self.explicit and split[0][0] != 0.0 and split[0][-1] != 0.0
+        self.failed = None            # why compiling failed; then everything runs eagerly
+        self._tag = next(_ids)
+        self._blocks = {}
+        self.proxy = None if self.explicit else _CompiledFields(system, self.time_dependent, self._tag)
+
+    def block(self, n, keep_all):
+        """(q, p, force, t, h) -> (q, p, force) after n steps of h; with ``keep_all`` q and p
+        are the lists of the n states."""
+        fn = self._blocks.get((n, keep_all))
+        if fn is None:
+            integrator, system, fsal = self.integrator, self.system, self.fsal
+
+            def steps(q, p, force, t, h):
+                qs, ps = [], []
+                for _ in range(n):
+                    q, p, force = integrator.step(system, q, p, t, h, force)
+                    t = t + h
+                    qs.append(q)
+                    ps.append(p)
+                force = force if fsal else None
+                return (qs, ps, force) if keep_all else (q, p, force)
+
+            fn = self._blocks[(n, keep_all)] = _compile(steps, f"{self._tag}_{n}_{int(keep_all)}")
+        return fn
+
+    def first_force(self, system, q, t, cache):
+        """The force the first kick needs (None when the graph computes it itself)."""
+        if not self.fsal:
+            return None
+        return cache if cache is not None else system.force(q, t)
+
+
+class _CompiledFields:
+    """A system whose vector field, force and velocity are compiled (implicit steps call them in
+    their solver loops); every other attribute is the wrapped system's."""
+
+    def __init__(self, system, time_dependent, tag):
+        self._system, self._td = system, time_dependent
+        s = system
+        if time_dependent:
+            self._vf = _compile(lambda q, p, t: s.vector_field(q, p, t), f"vf{tag}")
+            self._force = _compile(lambda q, t: s.force(q, t), f"force{tag}")
+            self._velocity = _compile(lambda p, t: s.velocity(p, t), f"velocity{tag}")
+        else:
+            self._vf = _compile(lambda q, p: s.vector_field(q, p, 0.0), f"vf{tag}")
+            self._force = _compile(lambda q: s.force(q, 0.0), f"force{tag}")
+            self._velocity = _compile(lambda p: s.velocity(p, 0.0), f"velocity{tag}")
+
+    def __getattr__(self, name):
+        return getattr(self._system, name)
+
+    def vector_field(self, q, p, t=0.0):
+        return _traced(self._vf, q, p, *((t,) if self._td else ()))
+
+    def force(self, q, t=0.0):
+        return _traced(self._force, q, *((t,) if self._td else ()))
+
+    def velocity(self, p, t=0.0):
+        return _traced(self._velocity, p, *((t,) if self._td else ()))
+
+
+_KERNELS: "collections.OrderedDict" = collections.OrderedDict()
+
+
+def _kernels(integrator, system) -> _Kernels:
+    key = (id(integrator), id(system))
+    k = _KERNELS.get(key)
+    if k is None or k.integrator is not integrator or k.system is not system:
+        k = _KERNELS[key] = _Kernels(integrator, system)
+        while len(_KERNELS) > KEEP:     # each entry keeps its system alive: bounded
+            _KERNELS.popitem(last=False)
+    _KERNELS.move_to_end(key)
+    return k
+
+
+class _Runner:
+    """The guarded compiled call shared by both step kinds."""
+
+    def __init__(self, integrator, system):
+        self.integrator, self.system = integrator, system
+        self.kernels = _kernels(integrator, system)
+
+    def _check_system(self, system):
+        if system is not self.system:
+            raise ValueError("this compiled step was built for another system")
+
+    def _guarded(self, run, eager):
+        """The compiled call; if it fails and the eager step does not, compilation is turned off
+        for this (integrator, system) with a warning, and the eager result returned.  Failures of
+        the step itself (a ConvergenceError, bad shapes) come out of the eager step."""
+        try:
+            return run()
+        except (ConvergenceError, FloatingPointError):
+            raise
+        except Exception as err:  # noqa: BLE001 — whatever dynamo/inductor raise; eager decides
+            out = eager()
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            self.kernels.failed = f"{type(err).__name__}: {first}"
+            warnings.warn(f"compile=True: could not compile the step of {self.kernels.name!r} "
+                          f"({self.kernels.failed}); running it eagerly", stacklevel=4)
+            return out
+
+    def _time(self, t):
+        return t if self.kernels.time_dependent else 0.0
+
+
+class CompiledStep(_Runner):
+    """``step(system, q, p, t, h, cache) -> (q, p, cache)``: the integrator's step, compiled.
+
+    Without ``steps`` every call is one compiled step.  With the rollout's ``steps`` and ``t0``
+    explicit steps run in lookahead blocks of ``block`` steps (default :func:`default_block`):
+    see the module docstring."""
+
+    def __init__(self, integrator, system, *, steps=None, t0=0.0, block=None):
+        super().__init__(integrator, system)
+        if block is None:
+            block = default_block(integrator, system) if steps is not None else 1
+        if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+            raise ValueError(f"block must be an int >= 1, got {block!r}")
+        if block > 1 and steps is None:
+            raise ValueError("blocks of steps need the rollout's step count: pass steps=")
+        self.block = block if self.kernels.explicit else 1
+        self.steps, self.t0 = steps, float(t0)
+        if not self.kernels.explicit and not self.kernels.failed:
+            warnings.warn(f"compile=True: {self.kernels.name!r} is implicit on this system: its "
+                          "solver loop runs eagerly and only the vector field is compiled",
+                          stacklevel=3)
+
+    @property
+    def mode(self) -> str:
+        """'blocks', 'step', 'fields' (implicit: compiled vector field) or 'eager' (failed)."""
+        k = self.kernels
+        if k.failed:
+            return "eager"
+        if not k.explicit:
+            return "fields"
+        return "blocks" if self.block > 1 else "step"
+
+    def __call__(self, system, q, p, t, h, cache=None):
+        # The hot path first: the next state of a block computed for this system.
+        if type(cache) is _Block and q is cache.last and cache.i < cache.n and system is self.system:
+            return cache.next()
+        self._check_system(system)
+        k, integrator = self.kernels, self.integrator
+        cache = _force_of(cache, q)
+        eager = lambda: integrator.step(system, q, p, t, h, cache)  # noqa: E731
+        if k.failed:
+            return eager()
+        if not k.explicit:
+            return self._guarded(lambda: integrator.step(k.proxy, q, p, t, h, cache), eager)
+        n = 1 if torch.is_grad_enabled() else self.block
+        if n > 1:
+            if q.numel() * n > LOOKAHEAD_MAX:
+                n = 1
+            elif self.steps - round((t - self.t0) / h) < n:
+                return eager()               # the tail: no second graph to compile
+        force = k.first_force(system, q, t, cache)
+        out = self._guarded(lambda: _traced(k.block(n, n > 1), q, p, force, self._time(t), h), eager)
+        if k.failed or n == 1:
+            return out
+        return _Block(*out).next()
+
+
+class _MacroStep(_Runner):
+    """Φ_h^K as one step of size K·h (``run_loop`` steps it with ``h = K·h``)."""
+
+    def __init__(self, integrator, system, K, h):
+        super().__init__(integrator, system)
+        self.K, self.h = K, h
+
+    def __call__(self, system, q, p, t, H, cache=None):
+        self._check_system(system)
+        k, K, h, integrator = self.kernels, self.K, self.h, self.integrator
+
+        def eager():
+            c, tt = cache, t
+            qq, pp = q, p
+            for _ in range(K):
+                qq, pp, c = integrator.step(system, qq, pp, tt, h, c)
+                tt = tt + h
+            return qq, pp, c
+
+        if k.failed or torch.is_grad_enabled():
+            return eager()
+        force = k.first_force(system, q, t, cache)
+        return self._guarded(lambda: _traced(k.block(K, False), q, p, force, self._time(t), h), eager)
+
+
+def compiled_step(integrator, system, *, steps=None, t0=0.0, block=None) -> CompiledStep:
+    """The step ``rollout(..., compile=True)`` uses; see :class:`CompiledStep`."""
+    return CompiledStep(integrator, system, steps=steps, t0=t0, block=block)
+
+
+def _macro_block(K, save_every):
+    """The largest divisor of save_every that is ≤ K (1: no macro steps)."""
+    return max(d for d in range(1, min(K, save_every) + 1) if save_every % d == 0)
+
+
+def compiled_rollout(integrator, system, q0, p0, *, h, steps, t0=0.0, save_every=1,
+                     check_every=64, block=None):
+    """What ``rollout(..., compile=True, grad="backprop")`` runs: ``run_loop`` with compiled
+    steps — K'-fold macro steps when ``save_every`` allows (only the saved states are formed),
+    else :class:`CompiledStep` lookahead blocks.  Same outputs as ``run_loop(integrator.step,
+    ...)`` up to round-off."""
+    from .rollout import run_loop
+
+    K = default_block(integrator, system) if block is None else block
+    args = dict(system=system, save_every=save_every, t0=t0)
+    Km = _macro_block(K, save_every) if p0 is not None and not torch.is_grad_enabled() else 1
+    if Km > 1 and steps >= Km:
+        macro = _MacroStep(integrator, system, Km, h)
+        try:
+            # Steps past the last multiple of Km reach no saved state: they are not taken.
+            return run_loop(macro, q0, p0, h=Km * h, steps=steps // Km,
+                            check_every=max(1, check_every // Km), **{**args, "save_every": save_every // Km})
+        except FloatingPointError as err:
+            raise FloatingPointError(_rescale_steps(str(err), Km)) from None
+    step = CompiledStep(integrator, system, steps=steps, t0=t0, block=K)
+    return run_loop(step, q0, p0, h=h, steps=steps, check_every=check_every, **args)
+
+
+def _rescale_steps(message, K):
+    """run_loop's 'between step a and step b' counted macro steps of K steps: say it in steps."""
+    return re.sub(r"step (\d+)", lambda m: f"step {int(m.group(1)) * K}", message)
