@@ -1,21 +1,9 @@
 """Test problems shared across test files (float64)."""
-import math
-
 import numpy as np
 import torch
 
 import torchgeo_int as tgi
-
-
-
-def kepler_initial(e, dtype=torch.float64):
-    q0 = torch.tensor([1.0 - e, 0.0], dtype=dtype)
-    p0 = torch.tensor([0.0, math.sqrt((1.0 + e) / (1.0 - e))], dtype=dtype)
-    return q0, p0
-
-
-def kepler_energy(q, p):
-    return 0.5 * (p * p).sum(-1) - 1.0 / q.norm(dim=-1)
+from experiments.problems import kepler_energy, kepler_initial  # noqa: F401 (re-exported)
 
 
 def kepler(separable=True, analytic=False):
