@@ -117,7 +117,7 @@ def plot_orbits(results, path):
     problem, T, rows, curves, _ = results["kepler"]
     for name in ("verlet", "rk4", "dopri5"):
         q = curves[name][2]
-        axes[0].plot(q[:, 0], q[:, 1], lw=0.6, label=name)
+        axes[0].plot(q[:, 0], q[:, 1], ".", ms=2, label=name)   # dots: saves are far apart
     axes[0].set_aspect("equal")
     axes[0].set_title(f"Kepler e = 0.6, T = {T:g}: saved points of each trajectory")
     axes[0].legend(fontsize=8)
@@ -126,7 +126,7 @@ def plot_orbits(results, path):
         _, _, _, _, bodies = common.load_outer_solar_system()
         q = curves["kahan_li8"][2]
         for i, body in enumerate(bodies):
-            axes[1].plot(q[:, i, 0], q[:, i, 1], lw=0.6, label=body)
+            axes[1].plot(q[:, i, 0], q[:, i, 1], ".", ms=2, label=body)
         axes[1].set_aspect("equal")
         axes[1].set_title(f"outer solar system, kahan_li8, T = {T:g} days (x, y in AU)")
         axes[1].legend(fontsize=8)

@@ -11,6 +11,7 @@ import torch
 
 import torchgeo_int as tgi
 from problems import kepler, kepler_initial
+from torchgeo_int import _compile
 from torchgeo_int._compile import CompiledStep, compiled_rollout, compiled_step, default_block
 from torchgeo_int.rollout import run_loop
 
@@ -84,14 +85,26 @@ def test_compiled_rollout_macro_steps_match_eager():
                              steps=200, save_every=4, check_every=64, block=4)
 
 
-def test_compiled_implicit_midpoint_runs_and_says_so():
+def _graphs():
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def test_compiled_implicit_midpoint_runs_and_says_so(monkeypatch):
     system = kepler(separable=False, analytic=False)   # X_H by autograd, traced
     q0, p0 = _batch()
     with torch.no_grad():
         qe, pe = tgi.rollout(system, q0, p0, h=0.02, steps=40, method="implicit_midpoint")
+        # a small state runs the eager step: nothing is compiled
+        n = _graphs()
         with pytest.warns(UserWarning, match="implicit_midpoint.*implicit.*vector field is compiled"):
+            qs, ps = tgi.rollout(system, q0, p0, h=0.02, steps=5, method="implicit_midpoint",
+                                 compile=True)
+        assert _graphs() == n and torch.equal(qs, qe[:6])
+        monkeypatch.setattr(_compile, "FIELDS_MIN", 1)  # now compile the field for 3 samples
+        with pytest.warns(UserWarning, match="implicit"):
             qc, pc = tgi.rollout(system, q0, p0, h=0.02, steps=40, method="implicit_midpoint",
                                  compile=True)
+        assert _graphs() > n
     assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
 
 

@@ -279,10 +279,11 @@ def profile_eager(args):
 def plot(rows, path, title):
     plt = common.plt()
     fig, ax = plt.subplots(figsize=(8, 5))
-    for name in dict.fromkeys(r["config"] for r in rows):
+    cmap = plt.get_cmap("tab20")
+    for i, name in enumerate(dict.fromkeys(r["config"] for r in rows)):
         pts = sorted((r["batch"], r["throughput"]) for r in rows if r["config"] == name)
-        style = "--" if name.startswith("hand") else (":" if name.startswith("torchdiffeq") else "-")
-        ax.loglog(*zip(*pts), style, marker="o", ms=3, label=name)
+        style = "--" if "hand" in name else (":" if "torchdiffeq" in name else "-")
+        ax.loglog(*zip(*pts), style, marker="o", ms=3, label=name, color=cmap(i % 20))
     ax.set_xlabel("batch (trajectories)")
     ax.set_ylabel("steps · trajectories / s")
     ax.set_title(title)
