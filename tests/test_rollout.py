@@ -138,3 +138,64 @@ def test_outer_solar_system_energy_bounded():
         # bounded, not drifting: the last quarter is no worse than the first quarter
         quarter = len(rel) // 4
         assert float(rel[-quarter:].max()) < 2.0 * float(rel[:quarter].max())
+
+
+@pytest.mark.parametrize("method", ["verlet", "yoshida4", "symplectic_euler_adjoint"])
+@pytest.mark.parametrize("kind", ["analytic", "autograd", "time_dependent"])
+def test_bound_step_is_the_step_bit_for_bit(method, kind):
+    """rollout's bound step (integrator.bind) takes exactly the operations of integrator.step."""
+    if kind == "time_dependent":
+        system = tgi.SeparableHamiltonian(lambda p, t: 0.5 * (p * p).sum(-1) * (1 + 0.1 * t),
+                                          lambda q, t: -(1 + 0.2 * math.sin(t)) / q.norm(dim=-1))
+        assert system.halves() is None
+    else:
+        system = kepler(separable=True, analytic=kind == "analytic")
+        assert system.halves() is not None
+    m = tgi.METHODS[method]
+    bound = m.bind(system)
+    q0, p0 = kepler_initial(0.5)
+    q0, p0 = q0.expand(3, 2) * torch.tensor([[1.0], [0.9], [1.1]]), p0.expand(3, 2).clone()
+    qa, pa, ca = q0, p0, None
+    qb, pb, cb = q0, p0, None
+    with torch.no_grad():
+        for k in range(25):
+            qa, pa, ca = m.step(system, qa, pa, 0.3 + 0.02 * k, 0.02, ca)
+            qb, pb, cb = bound(system, qb, pb, 0.3 + 0.02 * k, 0.02, cb)
+    assert torch.equal(qa, qb) and torch.equal(pa, pb)
+    assert (ca is None) == (cb is None) and (ca is None or torch.equal(ca, cb))
+
+
+def test_kick_folds_the_force_sign():
+    """H = T + V: the kick adds ∂V/∂q with coefficient −a h (force = force_sign · force_term)."""
+    system = kepler(separable=True, analytic=True)
+    q, p = kepler_initial(0.5)
+    assert system.force_sign == -1.0
+    assert torch.equal(system.force_sign * system.force_term(q), system.force(q))
+    vf = tgi.VectorFieldSystem(lambda t, q, p: (p, -q), separable=True)
+    assert vf.force_sign == 1.0 and torch.equal(vf.force_term(q), -q)
+
+
+def test_errors_name_the_step_inside_a_stretch_of_steps():
+    """The loop runs stretches of steps between checks; errors still name the exact step."""
+    # ω² jumps from 1 to 400 at t = 0.35: the midpoint fixed point stops contracting at step 3.
+    stiff = tgi.Hamiltonian(lambda q, p, t: 0.5 * (p * p).sum(-1)
+                            + 0.5 * (1.0 + 399.0 * float(t > 0.35)) * (q * q).sum(-1))
+    with pytest.raises(tgi.ConvergenceError, match=r"integrator step 3:"):
+        with torch.no_grad():
+            tgi.rollout(stiff, torch.tensor([1.0]), torch.tensor([0.0]), h=0.1, steps=10,
+                        method="implicit_midpoint", check_every=8)
+    blowup = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: -(q ** 4).sum(-1))
+    q, p, first_bad = torch.tensor([2.0]), torch.tensor([0.0]), None
+    with torch.no_grad():
+        for k in range(1, 40):
+            q, p = tgi.METHODS["verlet"](blowup, q, p, 0.0, 0.5)
+            if not bool(torch.isfinite(q).all() and torch.isfinite(p).all()):
+                first_bad = k
+                break
+    assert first_bad is not None and first_bad > 2
+    for every in (1, 4):
+        b = -(-first_bad // every) * every
+        with pytest.raises(FloatingPointError, match=rf"between step {b - every} and step {b}\b"):
+            with torch.no_grad():
+                tgi.rollout(blowup, torch.tensor([2.0]), torch.tensor([0.0]), h=0.5, steps=40,
+                            method="verlet", check_every=every)

@@ -164,7 +164,7 @@ class _Kernels:
         """The force the first kick needs (None when the graph computes it itself)."""
         if not self.fsal:
             return None
-        return cache if cache is not None else system.force(q, t)
+        return cache if cache is not None else system.force_term(q, t)
 
 
 class _CompiledFields:
@@ -177,10 +177,12 @@ class _CompiledFields:
         if time_dependent:
             self._vf = _compile(lambda q, p, t: s.vector_field(q, p, t), f"vf{tag}")
             self._force = _compile(lambda q, t: s.force(q, t), f"force{tag}")
+            self._force_term = _compile(lambda q, t: s.force_term(q, t), f"force_term{tag}")
             self._velocity = _compile(lambda p, t: s.velocity(p, t), f"velocity{tag}")
         else:
             self._vf = _compile(lambda q, p: s.vector_field(q, p, 0.0), f"vf{tag}")
             self._force = _compile(lambda q: s.force(q, 0.0), f"force{tag}")
+            self._force_term = _compile(lambda q: s.force_term(q, 0.0), f"force_term{tag}")
             self._velocity = _compile(lambda p: s.velocity(p, 0.0), f"velocity{tag}")
 
     def __getattr__(self, name):
@@ -191,6 +193,9 @@ class _CompiledFields:
 
     def force(self, q, t=0.0):
         return _traced(self._force, q, *((t,) if self._td else ()))
+
+    def force_term(self, q, t=0.0):
+        return _traced(self._force_term, q, *((t,) if self._td else ()))
 
     def velocity(self, p, t=0.0):
         return _traced(self._velocity, p, *((t,) if self._td else ()))

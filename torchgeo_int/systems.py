@@ -5,6 +5,9 @@ Every system gives the integrators the same small interface, in (q, p) kept apar
 * ``vector_field(q, p, t) -> (dq, dp)``   the full field; X_H = (∂H/∂p, −∂H/∂q) for a Hamiltonian,
 * ``velocity(p, t)`` and ``force(q, t)``  its two halves when ``separable`` (dq depends on p only,
   dp on q only): the kick/drift fast paths evaluate only the half they need.
+* ``force_term(q, t)`` and ``force_sign``  force = force_sign · force_term, so that a kick
+  p + a h F is one fused ``torch.add(p, force_term, alpha=force_sign·a·h)`` (for H = T + V the
+  term is ∂V/∂q and the sign −1: no separate negation kernel on the hot path).
 
 Gradients of H come from autograd.  When grad mode is on they are taken with ``create_graph`` so a
 loss on a rollout differentiates through them (training HNNs); under ``torch.no_grad()`` they are
@@ -53,6 +56,8 @@ class System(nn.Module):
     """Base class of what the integrators step (see module docstring)."""
 
     separable: bool = False
+    #: force(q, t) = force_sign · force_term(q, t)
+    force_sign: float = 1.0
 
     def vector_field(self, q: Tensor, p: Tensor, t: float = 0.0) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
@@ -62,6 +67,16 @@ class System(nn.Module):
 
     def force(self, q: Tensor, t: float = 0.0) -> Tensor:
         raise NotImplementedError(f"{type(self).__name__} is not separable")
+
+    def force_term(self, q: Tensor, t: float = 0.0) -> Tensor:
+        """The tensor whose multiple by ``force_sign`` is the force (what kicks add)."""
+        return self.force(q, t)
+
+    def halves(self):
+        """``(velocity(p), force_term(q))`` as plain functions without t when the system is
+        separable and time-independent and has them cheaper than the methods (bound loops
+        call them directly), else ``None``."""
+        return None
 
     def energy(self, q: Tensor, p: Tensor, t: float = 0.0) -> Tensor:
         raise NotImplementedError(f"{type(self).__name__} has no energy")
@@ -113,6 +128,7 @@ class SeparableHamiltonian(Hamiltonian):
     closed form (the fastest path; the benchmarks use it for the hand-written comparison)."""
 
     separable = True
+    force_sign = -1.0       # force = −∂V/∂q; kicks add ∂V/∂q with a negative coefficient
 
     def __init__(self, kinetic: Callable, potential: Callable, *,
                  kinetic_grad: Callable | None = None, potential_grad: Callable | None = None,
@@ -144,15 +160,28 @@ class SeparableHamiltonian(Hamiltonian):
             return self.kinetic_grad(p, t) if self._T_td else self.kinetic_grad(p)
         return grad_of(lambda p_: self._T(p_, t), (p,))[0]
 
-    def force(self, q, t=0.0):
+    def force_term(self, q, t=0.0):
+        """∂V/∂q (override this, not ``force``, to give it another way)."""
         if self.potential_grad is not None:
-            g = self.potential_grad(q, t) if self._V_td else self.potential_grad(q)
-        else:
-            g = grad_of(lambda q_: self._V(q_, t), (q,))[0]
-        return -g
+            return self.potential_grad(q, t) if self._V_td else self.potential_grad(q)
+        return grad_of(lambda q_: self._V(q_, t), (q,))[0]
+
+    def force(self, q, t=0.0):
+        return -self.force_term(q, t)
+
+    def halves(self):
+        if self.time_dependent:
+            return None
+        T, V, dT, dV = self.kinetic, self.potential, self.kinetic_grad, self.potential_grad
+        vel = dT if dT is not None else (lambda p: grad_of(T, (p,))[0])
+        pot = dV if dV is not None else (lambda q: grad_of(V, (q,))[0])
+        return vel, pot
 
     def gradients(self, q, p, t=0.0):
-        return -self.force(q, t), self.velocity(p, t)
+        return self.force_term(q, t), self.velocity(p, t)
+
+    def vector_field(self, q, p, t=0.0):
+        return self.velocity(p, t), self.force(q, t)
 
 
 class VectorFieldSystem(System):

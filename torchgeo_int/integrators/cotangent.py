@@ -84,8 +84,9 @@ class CotangentLiftIntegrator(Integrator):
         a = self.alpha
         tb = t + a * h
 
-        def stage(k):
-            return system.vector_field(q + (a * h) * k[0], p + ((1.0 - a) * h) * k[1], tb)
+        def stage(k):   # fused adds: one kernel each
+            return system.vector_field(torch.add(q, k[0], alpha=a * h),
+                                       torch.add(p, k[1], alpha=(1.0 - a) * h), tb)
 
         k0 = cache if cache is not None else tuple(x.detach() for x in system.vector_field(q, p, t))
         if self.solver == "newton":
@@ -93,7 +94,7 @@ class CotangentLiftIntegrator(Integrator):
         else:
             k = fixed_point(stage, k0, **self._options())
         # The stage derivative is the warm start of the next solve (no graph needed for a guess).
-        return q + h * k[0], p + h * k[1], tuple(x.detach() for x in k)
+        return torch.add(q, k[0], alpha=h), torch.add(p, k[1], alpha=h), tuple(x.detach() for x in k)
 
     def _generic_step(self, system, q, p, t, h):
         xk = torch.cat([q, p], -1)
