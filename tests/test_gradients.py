@@ -1,9 +1,18 @@
-"""rollout(grad=...): checkpointed and reversible gradients equal backprop's."""
+"""rollout(grad=...), odeint(options=dict(grad=...)) and the nn layers/losses: checkpointed
+and reversible gradients equal backprop's, and the lean modes do bound the graph's memory."""
+import pathlib
+import sys
+
 import pytest
 import torch
 from torch import nn
 
 import torchgeo_int as tgi
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from experiments.bench.memory import SavedTensorMeter  # noqa: E402
 
 
 class MLPPotential(nn.Module):
@@ -46,7 +55,8 @@ def assert_close(ga, gb, rtol):
         assert (a - b).abs().max() <= rtol * (b.abs().max() + 1e-30), float((a - b).abs().max())
 
 
-@pytest.mark.parametrize("save_every,segment", [(1, None), (7, None), (1, 33), (5, 12)])
+@pytest.mark.parametrize("save_every,segment", [(1, None), (7, None), (1, 33), (5, 12), (30, 12),
+                                                (200, None)])
 def test_checkpoint_equals_backprop_separable(save_every, segment):
     system = separable_hnn()
     la, ga = loss_and_grads(system, "verlet", 200, "backprop", save_every)
@@ -114,3 +124,247 @@ def test_reversible_warns_when_reconstruction_is_off():
     q, p = tgi.rollout(system, q0, p0, h=0.05, steps=50, grad="reversible", reconstruction_tol=0.0)
     with pytest.warns(RuntimeWarning, match="reconstruction"):
         q[-1].sum().backward()
+
+
+# -- odeint(options=dict(grad=...)) --------------------------------------------------------------
+class SeparableField(nn.Module):
+    """An HNN-style func(t, y) for odeint: dq = p, dp = −∇V_θ(q), ∇ by autograd (as torchdiffeq
+    users write it, issue #154)."""
+
+    def __init__(self):
+        super().__init__()
+        self.V = MLPPotential()
+
+    def forward(self, t, y):
+        q, p = y[..., :2], y[..., 2:]
+        with torch.enable_grad():
+            q = q if q.requires_grad else q.detach().requires_grad_()
+            dV = torch.autograd.grad(self.V(q).sum(), q, create_graph=torch.is_grad_enabled())[0]
+        return torch.cat([p, -dV], -1)
+
+
+class SeparableEnergy(nn.Module):
+    """H_θ(q, p) = ½|p|² + V_θ(q) for options['hamiltonian']."""
+
+    def __init__(self):
+        super().__init__()
+        self.V = MLPPotential()
+
+    def forward(self, q, p):
+        return 0.5 * (p * p).sum(-1) + self.V(q)
+
+
+# Several output times with different spacings: several groups of intervals (runs of equal steps).
+T_OUT = torch.tensor([0.0, 0.4, 0.8, 1.3, 2.5, 3.0, 3.1])
+
+
+def odeint_loss_and_grads(case, grad, method="verlet", **opts):
+    gen = torch.Generator().manual_seed(3)
+    y0 = (0.5 * torch.randn(6, 4, generator=gen)).requires_grad_()
+    options = dict(step_size=0.05, **opts)
+    if grad is not None:
+        options["grad"] = grad
+    if case == "func":
+        module = SeparableField()
+        ys = tgi.odeint(module, y0, T_OUT, method=method, options=dict(separable=True, **options))
+    elif case == "func_nonseparable":   # the implicit generalized leapfrog: checkpoint only
+        module = SeparableField()
+        ys = tgi.odeint(module, y0, T_OUT, method=method, options=options)
+    elif case == "hamiltonian":
+        module = SeparableEnergy()
+        q, p = tgi.odeint(None, (y0[:, :2], y0[:, 2:]), T_OUT, method=method,
+                          options=dict(hamiltonian=module, separable=True, **options))
+        ys = torch.cat([q, p], -1)
+    elif case == "first_order":        # eq. (1) on the flat state
+        module = SeparableField()
+        ys = tgi.odeint(module, y0, T_OUT, method=method, options=options)
+    target = torch.cos(torch.arange(ys.numel(), dtype=ys.dtype)).reshape(ys.shape)
+    loss = ((ys - target) ** 2).mean()
+    params = [y0, *module.parameters()]
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    return loss, [torch.zeros_like(w) if g is None else g for w, g in zip(params, grads)]
+
+
+@pytest.mark.parametrize("case,method,grad,rtol", [
+    ("func", "verlet", "checkpoint", 1e-10),
+    ("func", "yoshida4", "reversible", 1e-8),
+    ("func", "verlet", "reversible", 1e-8),
+    ("hamiltonian", "verlet", "checkpoint", 1e-10),
+    ("hamiltonian", "yoshida4", "reversible", 1e-8),
+    ("func_nonseparable", "verlet", "checkpoint", 1e-10),
+    ("first_order", "implicit_midpoint", "checkpoint", 1e-10),
+])
+def test_odeint_grad_modes_equal_backprop(case, method, grad, rtol):
+    """The module's parameters are found (func / options['hamiltonian'] registered in the
+    system); T_OUT makes five groups of intervals, each its own lean autograd node."""
+    torch.manual_seed(0)
+    la, ga = odeint_loss_and_grads(case, None, method)
+    torch.manual_seed(0)
+    lb, gb = odeint_loss_and_grads(case, grad, method)
+    assert abs(float((la - lb).detach())) <= 1e-13
+    assert all(g.abs().max() > 0 for g in ga[:3])   # y0 and the first layer do get gradients
+    assert_close(gb, ga, rtol)
+
+
+def test_odeint_checkpoint_segment_and_bound_method():
+    """A user segment length, and func given as a bound method of a module."""
+    torch.manual_seed(0)
+    module = SeparableField()
+    y0 = (0.5 * torch.randn(3, 4)).requires_grad_()
+    out = {}
+    for grad, extra in [("backprop", {}), ("checkpoint", dict(segment=5))]:
+        ys = tgi.odeint(module.forward, y0, T_OUT, method="verlet",
+                        options=dict(step_size=0.05, separable=True, grad=grad, **extra))
+        out[grad] = torch.autograd.grad((ys ** 2).sum(), [y0, *list(module.parameters())[:2]])
+    assert_close(out["checkpoint"], out["backprop"], 1e-10)
+
+
+def test_odeint_gradcheck_lean_modes():
+    class Pendulum(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.k = nn.Parameter(torch.tensor([0.8]))
+
+        def forward(self, t, y):
+            q, p = y[..., :1], y[..., 1:]
+            return torch.cat([p, -self.k * torch.sin(q) - 0.1 * q ** 3], -1)
+
+    f = Pendulum()
+    y0 = torch.tensor([[0.4, -0.3]], requires_grad=True)
+    t = torch.tensor([0.0, 0.3, 0.5, 0.9])
+    for opts in [dict(grad="checkpoint", segment=2), dict(grad="reversible")]:
+        fn = lambda y0, k: tgi.odeint(f, y0, t, method="verlet",   # noqa: E731
+                                      options=dict(step_size=0.1, separable=True, **opts))
+        assert torch.autograd.gradcheck(fn, (y0, f.k))
+
+
+def test_odeint_grad_closure_needs_params():
+    k = torch.tensor(1.3, requires_grad=True)     # captured by a closure, not in a module
+    f = lambda t, y: torch.cat([y[..., 1:], -k * y[..., :1]], -1)   # noqa: E731
+    y0 = torch.tensor([[0.5, 0.1]], requires_grad=True)
+    t = torch.tensor([0.0, 0.5, 1.0])
+    for grad in ("checkpoint", "reversible"):
+        opts = dict(step_size=0.1, separable=True, grad=grad)
+        with pytest.raises(ValueError, match=r"options\['params'\]"):
+            tgi.odeint(f, y0, t, method="verlet", options=opts)
+        y = tgi.odeint(f, y0, t, method="verlet", options=dict(opts, params=[k]))
+        yb = tgi.odeint(f, y0, t, method="verlet", options=dict(step_size=0.1, separable=True))
+        g = torch.autograd.grad(y.sum(), (y0, k))
+        gb = torch.autograd.grad(yb.sum(), (y0, k))
+        assert_close(g, gb, 1e-12)
+
+
+def test_odeint_grad_bad_values_and_combinations():
+    f = SeparableField()
+    y0, t = torch.ones(1, 4), torch.tensor([0.0, 0.5])
+    sep = dict(step_size=0.1, separable=True)
+    with pytest.raises(ValueError, match="grad'] must be one of"):
+        tgi.odeint(f, y0, t, method="verlet", options=dict(sep, grad="adjoint"))
+    with pytest.raises(ValueError, match="separable"):
+        tgi.odeint(f, y0, t, method="verlet", options=dict(step_size=0.1, grad="reversible"))
+    with pytest.raises(ValueError, match="symmetric explicit"):
+        tgi.odeint(f, y0, t, method="symplectic_euler", options=dict(sep, grad="reversible"))
+    with pytest.raises(ValueError, match="symmetric explicit"):
+        tgi.odeint(f, y0, t, method="implicit_midpoint", options=dict(sep, grad="reversible"))
+    with pytest.raises(ValueError, match="first-order"):
+        tgi.odeint(f, y0, t, method="implicit_euler", options=dict(step_size=0.1, grad="reversible"))
+    with pytest.raises(ValueError, match="do not apply"):
+        tgi.odeint(f, y0, t, method="verlet", options=dict(sep, grad="reversible", segment=4))
+    with pytest.raises(ValueError, match="do not apply"):
+        tgi.odeint(f, y0, t, method="verlet", options=dict(sep, grad="checkpoint",
+                                                           reconstruction_tol=1e-3))
+    with pytest.raises(ValueError, match="do not apply"):
+        tgi.odeint(f, y0, t, method="verlet", options=dict(sep, params=[]))
+    with pytest.raises(ValueError, match="segment"):
+        tgi.odeint(f, y0, t, method="verlet", options=dict(sep, grad="checkpoint", segment=0))
+    with pytest.raises(TypeError, match="params"):
+        tgi.odeint(f, y0, t, method="verlet", options=dict(sep, grad="checkpoint",
+                                                           params=torch.ones(2)))
+    # torchdiffeq's methods: no lean modes of ours; 'backprop' is their own behaviour.
+    with pytest.raises(ValueError, match="odeint_adjoint"):
+        tgi.odeint(f, y0, t, method="rk4", options=dict(step_size=0.1, grad="checkpoint"))
+    with pytest.raises(ValueError, match="odeint_adjoint"):
+        tgi.odeint(f, y0, t, options=dict(grad="reversible"))
+    ya = tgi.odeint(f, y0, t, method="rk4", options=dict(step_size=0.1, grad="backprop"))
+    import torchdiffeq
+    yb = torchdiffeq.odeint(f, y0, t, method="rk4", options=dict(step_size=0.1))
+    assert torch.equal(ya, yb)
+    with pytest.raises(ValueError, match="odeint_adjoint takes no"):
+        tgi.odeint_adjoint(f, y0, t, method="rk4", options=dict(step_size=0.1, grad="checkpoint"))
+
+
+# -- the rollout layer and the rollout loss ------------------------------------------------------
+def test_symplectic_rollout_layer_grad_modes():
+    torch.manual_seed(0)
+    H = tgi.nn.SeparableHNN(2, width=16)
+    q0, p0 = torch.randn(4, 2).requires_grad_(), torch.randn(4, 2)
+    grads = {}
+    for grad, opts, sl in [("backprop", {}, None), ("checkpoint", dict(segment=8), None),
+                           ("reversible", {}, None)]:
+        layer = tgi.nn.SymplecticRollout(H, "yoshida4", h=0.05, steps=40, save_every=4,
+                                         grad=grad, **opts)
+        q, p = layer(q0, p0)
+        assert q.shape == (11, 4, 2)
+        grads[grad] = torch.autograd.grad((q ** 2).sum() + p.sum(), [q0, *layer.parameters()],
+                                          allow_unused=True)
+        grads[grad] = [torch.zeros(1) if g is None else g for g in grads[grad]]
+    assert_close(grads["checkpoint"], grads["backprop"], 1e-10)
+    assert_close(grads["reversible"], grads["backprop"], 1e-8)
+
+
+def test_rollout_loss_grad_modes_on_hnn_200_steps():
+    """The issue's check: an HNN loss over 200 steps — checkpoint equals backprop to 1e-10,
+    reversible to the documented 1e-8 (relative, float64, a regular orbit)."""
+    torch.manual_seed(0)
+    model = tgi.nn.SeparableHNN(2, width=32)
+    dt, k = 0.05, 200
+    phase = torch.rand(6, 1, 2) * 6.0
+    tt = dt * torch.arange(k + 1, dtype=torch.float64)[None, :, None]
+    q, p = torch.cos(tt + phase), -torch.sin(tt + phase)     # harmonic-oscillator data (N, 201, 2)
+    grads = {}
+    for grad in ("backprop", "checkpoint", "reversible"):
+        loss = tgi.nn.rollout_loss(model, q, p, dt=dt, method="verlet", grad=grad)
+        g = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
+        grads[grad] = (loss, [torch.zeros(1) if x is None else x for x in g])
+    assert all(torch.equal(grads[m][0], grads["backprop"][0]) for m in ("checkpoint", "reversible"))
+    assert_close(grads["checkpoint"][1], grads["backprop"][1], 1e-10)
+    assert_close(grads["reversible"][1], grads["backprop"][1], 1e-8)
+
+
+# -- memory ----------------------------------------------------------------------------------------
+def test_lean_modes_bound_the_graph_memory():
+    """Peak bytes of autograd's saved tensors for a loss on the final state of 256 steps (only the
+    final state saved): checkpoint keeps ~√steps steps' graph, reversible ~one step's; the same
+    through odeint over one interval.  (A segment rounded up to save_every would be the whole
+    rollout, i.e. backprop's memory.)"""
+    torch.manual_seed(0)
+    system = separable_hnn()
+    q0, p0 = torch.randn(64, 2), torch.randn(64, 2)
+    t = torch.tensor([0.0, 256 * 0.01])
+    energy = SeparableEnergy()
+    peaks = {}
+    for name in ("backprop", "checkpoint", "reversible", "odeint_checkpoint", "odeint_reversible"):
+        with SavedTensorMeter() as meter:
+            if name.startswith("odeint"):
+                q, p = tgi.odeint(None, (q0, p0), t, method="verlet", options=dict(
+                    step_size=0.01, hamiltonian=energy, separable=True, grad=name[7:]))
+            else:
+                q, p = tgi.rollout(system, q0, p0, h=0.01, steps=256, grad=name, save_every=256)
+            ((q[-1] ** 2).sum() + (p[-1] ** 2).sum()).backward()
+        peaks[name] = meter.peak
+        assert meter.current == 0          # everything released after backward
+    per_step = peaks["backprop"] / 256
+    assert peaks["checkpoint"] < 2 * 16 * per_step           # one segment of √256 = 16 steps
+    assert peaks["odeint_checkpoint"] < 2 * 16 * per_step
+    assert peaks["reversible"] < 3 * per_step
+    assert peaks["odeint_reversible"] < 3 * per_step
+
+
+def test_memory_bench_runs_at_toy_size():
+    """experiments.bench.memory's cell (in-process here) and table, at a toy size."""
+    from experiments.bench import memory
+    rows = [memory.one_step(m, 3, 4, "cpu", "float64") for m in memory.MODES]
+    assert all(r["graph_mib"] > 0 and not r["oom"] for r in rows)
+    rows[0] = dict(rows[0], oom=True, cap_gib=1.0)
+    text = memory.table(rows, memory.reconstruction_error([10], "float64"), [3], 4, "cpu", 1.0)
+    assert "OOM (> 1 GiB)" in text and "| float64 | 10 |" in text

@@ -55,7 +55,10 @@ Options of the geometric methods (anything else raises ValueError):
     ``batch_dims`` (int, default 0: the number of leading dims of y0 — of each tuple part —
     that index independent samples; the solvers then converge, and Newton forms its Jacobian,
     per sample.  With 0 the whole state is one sample, which is right for any func but makes
-    Newton's Jacobian as large as the state).
+    Newton's Jacobian as large as the state), ``grad`` ("backprop" — the default — |
+    "checkpoint" | "reversible": how gradients are taken, below), ``segment`` (int, steps per
+    recomputed segment of grad="checkpoint"), ``reconstruction_tol`` (float, grad="reversible"),
+    ``params`` (tensors to differentiate under a lean grad mode; see below).
 
 Gradients: by backpropagation through the steps — the exact gradient of the discrete map —,
 through implicit steps by the solvers' implicit-function-theorem backward.  ``t`` gets no
@@ -64,8 +67,26 @@ gradient (a ``t`` that requires grad raises under grad mode).  A ``func`` that c
 the call of ``odeint``, func sees grad mode on, and inputs that require grad, also inside the
 solvers' no-grad iterations.  ``event_fn`` is for torchdiffeq's methods only.
 
+Memory-lean gradients (``options["grad"]``, :mod:`torchgeo_int.gradients`; the same modes as
+``tgi.rollout(..., grad=...)``): ``"checkpoint"`` keeps only segment boundaries (⌈√n⌉ steps per
+segment of each run of equal steps, or ``options["segment"]``) and recomputes each segment in
+backward — the backprop gradient of the same discrete map, any geometric method;
+``"reversible"`` reconstructs the states backwards with the −h step (symmetric explicit methods —
+verlet and its compositions — on a separable field: ``options["separable"] = True``, or a
+separable ``options["hamiltonian"]``): graph memory independent of the number of steps,
+gradient exact up to the round-off of that reconstruction (a ``RuntimeWarning`` when the
+reconstructed start is off by more than ``reconstruction_tol``).  The outputs at every t are
+stored in all modes.  The lean modes differentiate y0 and the parameters of ``func`` (or of
+``options["hamiltonian"]``) when it is an ``nn.Module`` or a method of one; any other tensor
+that requires grad and that func uses (a closure) must be listed in ``options["params"]``
+(which then replaces the module's parameters, like torchdiffeq's ``adjoint_params``), else
+odeint raises ValueError rather than silently give it no gradient.  Each run of equal steps
+starts a fresh FSAL/warm-start cache under a lean mode, so for time-dependent or implicit
+fields the result may differ from backprop's in the last bits.  torchdiffeq's methods take no
+``grad`` option (use ``odeint_adjoint`` for their memory-lean, continuous-adjoint gradients).
+
 ``odeint_adjoint`` is torchdiffeq's (continuous adjoint), for torchdiffeq's methods; with a
-geometric method use ``odeint`` (or the memory-lean gradient modes of ``tgi.rollout``).
+geometric method use ``odeint`` (with ``options["grad"]`` for memory-lean gradients).
 """
 from __future__ import annotations
 
@@ -78,7 +99,7 @@ from torchdiffeq._impl.odeint import SOLVERS as _TORCHDIFFEQ_SOLVERS
 
 from .integrators import METHODS, Composition, CotangentLiftIntegrator, Integrator
 from .integrators.first_order import FIRST_ORDER_METHODS, FirstOrderIntegrator, theta
-from .rollout import run_loop
+from .rollout import GRAD_MODES, run_loop
 from .solvers import default_tol
 from .systems import Hamiltonian, ODESystem, VectorFieldSystem, grad_of
 
@@ -90,7 +111,8 @@ PARTITIONED_METHODS: tuple[str, ...] = tuple(sorted(METHODS))
 FIRST_ORDER_METHOD_NAMES: tuple[str, ...] = tuple(sorted(FIRST_ORDER_METHODS))
 GEOMETRIC_METHODS: tuple[str, ...] = tuple(sorted(set(METHODS) | set(FIRST_ORDER_METHODS) | {"theta"}))
 
-_COMMON = ("step_size", "batch_dims", "solver", "max_iter")
+_GRAD_OPTIONS = ("grad", "segment", "reconstruction_tol", "params")
+_COMMON = ("step_size", "batch_dims", "solver", "max_iter") + _GRAD_OPTIONS
 _PARTITIONED_ONLY = ("split", "separable", "hamiltonian")
 OPTIONS: tuple[str, ...] = _COMMON + _PARTITIONED_ONLY
 _CHECK_EVERY = 64  # steps between finiteness checks (one host sync each)
@@ -119,6 +141,14 @@ def odeint(func, y0, t, *, rtol=1e-7, atol=1e-9, method=None, options=None, even
     becomes non-finite.
     """
     if _is_torchdiffeq(method):
+        if isinstance(options, Mapping) and "grad" in options:
+            if options["grad"] != "backprop":
+                raise ValueError(
+                    f"options['grad'] = {options['grad']!r} is for the geometric methods; "
+                    f"torchdiffeq's method {method or 'dopri5'!r} backpropagates through its "
+                    f"steps, and its memory-lean gradients are torchdiffeq's continuous adjoint: "
+                    f"use tgi.odeint_adjoint(...) (or a geometric method with this option)")
+            options = {k: v for k, v in options.items() if k != "grad"}
         return torchdiffeq.odeint(func, y0, t, rtol=rtol, atol=atol, method=method,
                                   options=options, event_fn=event_fn)
     return _geometric_odeint(func, y0, t, rtol=rtol, atol=atol, method=method, options=options,
@@ -130,7 +160,8 @@ def odeint_adjoint(func, y0, t, *, rtol=1e-7, atol=1e-9, method=None, options=No
                    adjoint_options=None, adjoint_params=None):
     """torchdiffeq's ``odeint_adjoint`` (gradients from the continuous adjoint ODE), for
     torchdiffeq's methods.  A geometric method raises: use :func:`odeint`, whose backprop gives
-    the exact gradient of the discrete (symplectic) map."""
+    the exact gradient of the discrete (symplectic) map, and whose ``options["grad"]``
+    ("checkpoint" | "reversible") gives it with little memory."""
     for name, m in (("method", method), ("adjoint_method", adjoint_method)):
         if m is None or _is_torchdiffeq(m):
             continue
@@ -138,9 +169,13 @@ def odeint_adjoint(func, y0, t, *, rtol=1e-7, atol=1e-9, method=None, options=No
             raise ValueError(
                 f"odeint_adjoint integrates torchdiffeq's continuous adjoint ODE and supports "
                 f"torchdiffeq's methods only; for the geometric {name} {_method_name(m)!r} use "
-                f"torchgeo_int.odeint (backprop gives the exact gradient of the discrete map) or "
-                f"tgi.rollout(..., grad='checkpoint'|'reversible') for memory-lean gradients")
+                f"torchgeo_int.odeint (backprop gives the exact gradient of the discrete map; "
+                f"options=dict(grad='checkpoint'|'reversible') for memory-lean gradients)")
         raise ValueError(f"unknown {name} {m!r}; known methods: {_all_methods()}")
+    if isinstance(options, Mapping) and "grad" in options:
+        raise ValueError("odeint_adjoint takes no options['grad']: its gradients are the continuous "
+                         "adjoint's; options['grad'] selects the gradient mode of tgi.odeint's "
+                         "geometric methods")
     return torchdiffeq.odeint_adjoint(
         func, y0, t, rtol=rtol, atol=atol, method=method, options=options, event_fn=event_fn,
         adjoint_rtol=adjoint_rtol, adjoint_atol=adjoint_atol, adjoint_method=adjoint_method,
@@ -264,6 +299,7 @@ def _geometric_odeint(func, y0, t, *, rtol, atol, method, options, event_fn):
         raise TypeError(f"y0 must be a tensor or a non-empty tuple of tensors, got {type(y0).__name__}")
     _check_state(parts, "y0")
     dtype, device = parts[0].dtype, parts[0].device
+    grad, grad_options = _grad_options(options)
     caller = _UserFunc(func, dtype, device, grad=torch.is_grad_enabled())
     if isinstance(method, Integrator):
         integrator = template
@@ -273,15 +309,71 @@ def _geometric_odeint(func, y0, t, *, rtol, atol, method, options, event_fn):
     if kind == "first_order":
         if func is None:
             raise TypeError("func must be callable as func(t, y) -> dy/dt")
+        if grad == "reversible":
+            raise ValueError(_not_reversible(integrator, "it is a first-order (eq. (1)) method"))
         state = _FlatState(y0, batch_dims)
         system = ODESystem(lambda tt, x: state.flatten(caller(tt, state.unflatten(x)), "func"))
-        (X,) = _integrate(integrator, system, (state.x0,), times, step_size, t.dtype)
+        _register_module(system, "user_func", func)
+        (X,) = _integrate(integrator, system, (state.x0,), times, step_size, t.dtype,
+                          grad, grad_options)
         return state.assemble(X)
 
     state = _PartitionedState(y0, options.get("split"), batch_dims)
     system = _partitioned_system(func, caller, state, options)
-    Q, P = _integrate(integrator, system, (state.q0, state.p0), times, step_size, t.dtype)
+    if grad == "reversible" and not (integrator.symmetric and integrator.splitting()
+                                     and system.separable):
+        why = ("the field is not declared separable (options['separable'] = True)"
+               if not system.separable else "it is not a symmetric explicit (kick/drift) method")
+        raise ValueError(_not_reversible(integrator, why))
+    Q, P = _integrate(integrator, system, (state.q0, state.p0), times, step_size, t.dtype,
+                      grad, grad_options)
     return state.assemble(Q, P)
+
+
+def _not_reversible(integrator, why):
+    return (f"options['grad'] = 'reversible' needs a symmetric explicit method (verlet and its "
+            f"compositions: yoshida4, suzuki4, ...) on a separable field; {integrator.name!r} "
+            f"cannot: {why}.  Use options['grad'] = 'checkpoint' (exact, O(√steps) memory).")
+
+
+def _grad_options(options):
+    """(grad mode, its options for gradients.rollout_with_grad_mode) from odeint's options."""
+    grad = options.get("grad", "backprop")
+    if grad not in GRAD_MODES:
+        raise ValueError(f"options['grad'] must be one of {GRAD_MODES}, got {grad!r}")
+    accepted = {"backprop": (), "checkpoint": ("segment", "params"),
+                "reversible": ("reconstruction_tol", "params")}[grad]
+    misplaced = [k for k in _GRAD_OPTIONS[1:] if k in options and k not in accepted]
+    if misplaced:
+        raise ValueError(f"option(s) {misplaced} do not apply to grad={grad!r} (segment: "
+                         f"'checkpoint'; reconstruction_tol: 'reversible'; params: both)")
+    kw = {k: options[k] for k in accepted if k in options}
+    if "segment" in kw:
+        _check_int(kw["segment"], "segment", 1)
+    if "reconstruction_tol" in kw:
+        tol = kw["reconstruction_tol"]
+        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol >= 0:
+            raise ValueError(f"options['reconstruction_tol'] must be a number >= 0, got {tol!r}")
+        kw["reconstruction_tol"] = float(tol)
+    if "params" in kw:
+        params = kw["params"]
+        try:
+            params = None if isinstance(params, torch.Tensor) else list(params)
+        except TypeError:
+            params = None
+        if params is None or not all(isinstance(w, torch.Tensor) for w in params):
+            raise TypeError("options['params'] must be a list or tuple of tensors (or an iterable "
+                            "of them, such as module.parameters())")
+        kw["params"] = params
+    return grad, kw
+
+
+def _register_module(system, name, fn):
+    """Make the user's module (fn itself, or the module a bound method belongs to) a submodule
+    of the system, so the lean gradient modes find its parameters."""
+    owner = fn if isinstance(fn, torch.nn.Module) else getattr(fn, "__self__", None)
+    if isinstance(owner, torch.nn.Module) and owner is not system:
+        system.add_module(name, owner)
 
 
 def _resolve_method(method, y0, options):
@@ -331,16 +423,36 @@ def _rebuild(m, tol, solver, max_iter):
     raise TypeError(f"cannot configure integrator {m!r}")
 
 
-def _integrate(integrator, system, states, times, step_size, t_dtype):
-    """Run the steps over t; returns each state's trajectory at every t, (len(t), *shape)."""
+def _integrate(integrator, system, states, times, step_size, t_dtype, grad="backprop",
+               grad_options=None):
+    """Run the steps over t; returns each state's trajectory at every t, (len(t), *shape).
+
+    Under a lean grad mode each group is one ``gradients.rollout_with_grad_mode`` (its own
+    checkpointed or reversible autograd node, a fresh FSAL cache); the parameters are resolved,
+    and the closure check made, once."""
     outs = [[x.unsqueeze(0)] for x in states]
     q, p = states[0], (states[1] if len(states) > 1 else None)
     cache, offset = None, 0
-    for i0, m, n in _groups(times, step_size, torch.finfo(t_dtype).eps):
-        ta, tb = times[i0], times[i0 + m]
-        res, cache = run_loop(integrator.step, q, p, system=system, h=(tb - ta) / (m * n),
-                              steps=m * n, t0=ta, save_every=n, check_every=_CHECK_EVERY,
-                              cache=cache, step_offset=offset, return_cache=True)
+    groups = [(i0, m, n, times[i0], times[i0 + m], (times[i0 + m] - times[i0]) / (m * n))
+              for i0, m, n in _groups(times, step_size, torch.finfo(t_dtype).eps)]
+    lean = grad != "backprop"
+    if lean:
+        from .gradients import resolve_params, rollout_with_grad_mode
+        grad_options = dict(grad_options or {})
+        if torch.is_grad_enabled() and groups:
+            _, _, _, ta, _, h = groups[0]
+            grad_options["params"] = resolve_params(integrator.step, system, states, ta, h,
+                                                    grad_options.get("params"))
+    for i0, m, n, ta, tb, h in groups:
+        if lean:
+            res = rollout_with_grad_mode(grad, integrator, integrator.step, q, p, system=system,
+                                         h=h, steps=m * n, t0=ta, save_every=n,
+                                         check_every=_CHECK_EVERY, step_offset=offset,
+                                         params_checked="params" in grad_options, **grad_options)
+        else:
+            res, cache = run_loop(integrator.step, q, p, system=system, h=h, steps=m * n, t0=ta,
+                                  save_every=n, check_every=_CHECK_EVERY, cache=cache,
+                                  step_offset=offset, return_cache=True)
         offset += m * n
         res = res[:len(states)]
         for o, r in zip(outs, res):
@@ -554,8 +666,12 @@ def _partitioned_system(func, caller, state, options):
             raise TypeError("options['hamiltonian'] must be callable as H(q, p) -> energy")
         if func is not None:
             raise ValueError("with options['hamiltonian'] pass func=None: the field is X_H")
-        return _Energy(H, state, separable)
+        system = _Energy(H, state, separable)
+        _register_module(system, "user_hamiltonian", H)
+        return system
     if func is None:
         raise TypeError("func must be callable (or pass options['hamiltonian'] with func=None)")
-    return _Partitioned(lambda t, qi, pi: state.field(caller, func, t, qi, pi), separable,
-                        state.nq, state.np)
+    system = _Partitioned(lambda t, qi, pi: state.field(caller, func, t, qi, pi), separable,
+                          state.nq, state.np)
+    _register_module(system, "user_func", func)
+    return system

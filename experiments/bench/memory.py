@@ -1,13 +1,26 @@
 """Peak memory and time of one HNN training step through a long rollout, per gradient mode.
 
-    python -m experiments.bench.memory [--quick]
+    OMP_NUM_THREADS=1 python -m experiments.bench.memory [--quick] [--mem-cap-gib 12]
 
-Each (mode, steps) runs in a fresh subprocess; peak memory is the rise of the process's
-high-water mark (ru_maxrss) during the training step (on CUDA: torch.cuda.max_memory_allocated).
-Modes: rollout grad = backprop / checkpoint / reversible (verlet), and torchdiffeq odeint
-(rk4, backprop) / odeint_adjoint (rk4) on the same separable MLP Hamiltonian.
-Also measures the reversible reconstruction error |x̂₀ − x₀| after N steps back and forth.
-Writes results/bench/memory.{md,json,png}.
+Each (mode, steps) runs in a fresh subprocess (one forward + backward of a loss on the final
+state, batch 1024 — 256 with --quick —, float32, a separable MLP Hamiltonian, h = 0.01) and
+reports three numbers:
+
+* **graph MiB**: the peak of the bytes held by autograd's saved tensors (counted through
+  ``torch.autograd.graph.saved_tensors_hooks``, each storage once, released when autograd frees
+  it, recomputation during backward included) — what the gradient mode controls, exact and
+  free of allocator noise;
+* **RSS MiB**: the rise of the process's high-water mark (ru_maxrss) during the step — the
+  honest total (graph, transients, allocator slack); on CUDA torch.cuda.max_memory_allocated;
+* **s**: wall time of the step (it includes the counting hooks, a few per cent).
+
+A child that exceeds ``--mem-cap-gib`` of address space (RLIMIT_AS, CPU only; it keeps a cell
+that needs tens of GB from taking the machine down) is reported as OOM.
+Modes: ``tgi.rollout(grad=backprop|checkpoint|reversible)`` (verlet), ``tgi.odeint`` (verlet,
+``options=dict(hamiltonian=H, separable=True, grad=checkpoint|reversible)``), and torchdiffeq
+``odeint`` (rk4, backprop) / ``odeint_adjoint`` (rk4) on the same Hamiltonian's field.
+Also measures the reversible reconstruction error |x̂₀ − x₀| after N steps forward and N back
+(float64 and float32).  Writes results/bench/memory.{md,json,png}.
 """
 from __future__ import annotations
 
@@ -21,7 +34,63 @@ import sys
 import time
 
 RESULTS = pathlib.Path("results/bench")
-MODES = ["backprop", "checkpoint", "reversible", "torchdiffeq", "torchdiffeq_adjoint"]
+MODES = ["backprop", "checkpoint", "reversible", "odeint_checkpoint", "odeint_reversible",
+         "torchdiffeq", "torchdiffeq_adjoint"]
+
+
+class SavedTensorMeter:
+    """Bytes held by autograd's saved tensors, now and at the peak, while the context is active:
+    ``with SavedTensorMeter() as m: loss.backward()`` then ``m.peak`` (bytes).
+
+    Every tensor autograd saves for backward passes the pack hook; its storage is counted once
+    however many nodes save it (parameters, shared views) and until the last of them is freed
+    (the packed handle's ``__del__``).  Tensors saved by the backward pass itself (recomputed
+    segments, reversible steps) are counted too: the hooks are in the thread-local state the
+    autograd engine runs under."""
+
+    def __init__(self):
+        self.live, self.current, self.peak = {}, 0, 0
+
+    def __enter__(self):
+        import torch
+        self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, _Held.unpack)
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._ctx.__exit__(*exc)
+
+    def _pack(self, t):
+        storage = t.untyped_storage()
+        key = (storage.data_ptr(), str(t.device))
+        nbytes, count = self.live.get(key, (storage.nbytes(), 0))
+        if count == 0:
+            self.current += nbytes
+            self.peak = max(self.peak, self.current)
+        self.live[key] = (nbytes, count + 1)
+        return _Held(self, key, t.detach())   # no grad_fn: no cycle tensor → node → handle
+
+    def _release(self, key):
+        nbytes, count = self.live[key]
+        if count == 1:
+            del self.live[key]
+            self.current -= nbytes
+        else:
+            self.live[key] = (nbytes, count - 1)
+
+
+class _Held:
+    __slots__ = ("meter", "key", "tensor")
+
+    def __init__(self, meter, key, tensor):
+        self.meter, self.key, self.tensor = meter, key, tensor
+
+    @staticmethod
+    def unpack(held):
+        return held.tensor
+
+    def __del__(self):
+        self.meter._release(self.key)
 
 
 def build(batch, device, dtype):
@@ -49,7 +118,7 @@ def build(batch, device, dtype):
 
 
 def one_step(mode, steps, batch, device, dtype_name):
-    """Run in the child: one forward+backward, report time and peak memory."""
+    """Run in the child: one forward+backward, report time, graph and RSS peaks."""
     import torch
 
     import torchgeo_int as tgi
@@ -62,35 +131,69 @@ def one_step(mode, steps, batch, device, dtype_name):
         torch.cuda.reset_peak_memory_stats()
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
-    if mode.startswith("torchdiffeq"):
-        import torchdiffeq
+    meter = SavedTensorMeter()
+    with meter:
+        if mode.startswith("torchdiffeq"):
+            import torchdiffeq
 
-        class F(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.net = net
+            class F(torch.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.net = net
 
-            def forward(self, t, y):
-                q, p = y[..., :2], y[..., 2:]
-                return torch.cat([system.velocity(p), system.force(q)], -1)
+                def forward(self, t, y):
+                    q, p = y[..., :2], y[..., 2:]
+                    return torch.cat([system.velocity(p), system.force(q)], -1)
 
-        f = F()
-        solve = torchdiffeq.odeint_adjoint if mode.endswith("adjoint") else torchdiffeq.odeint
-        t = torch.tensor([0.0, steps * h], device=device, dtype=dtype)
-        y = solve(f, torch.cat([q0, p0], -1), t, method="rk4", options=dict(step_size=h))[-1]
-        q, p = y[..., :2], y[..., 2:]
-    else:
-        qs, ps = tgi.rollout(system, q0, p0, h=h, steps=steps, method="verlet", grad=mode,
-                             save_every=steps)
-        q, p = qs[-1], ps[-1]
-    loss = (q ** 2).mean() + (p ** 2).mean()
-    loss.backward()
+            solve = torchdiffeq.odeint_adjoint if mode.endswith("adjoint") else torchdiffeq.odeint
+            t = torch.tensor([0.0, steps * h], device=device, dtype=dtype)
+            y = solve(F(), torch.cat([q0, p0], -1), t, method="rk4", options=dict(step_size=h))[-1]
+            q, p = y[..., :2], y[..., 2:]
+        elif mode.startswith("odeint_"):
+            class H(torch.nn.Module):      # a module: odeint finds its parameters
+                def __init__(self):
+                    super().__init__()
+                    self.system = system
+
+                def forward(self, q, p):
+                    return self.system.energy(q, p)
+
+            t = torch.tensor([0.0, steps * h], device=device, dtype=dtype)
+            qs, ps = tgi.odeint(None, (q0, p0), t, method="verlet",
+                                options=dict(step_size=h, hamiltonian=H(), separable=True,
+                                             grad=mode.split("_", 1)[1]))
+            q, p = qs[-1], ps[-1]
+        else:
+            qs, ps = tgi.rollout(system, q0, p0, h=h, steps=steps, method="verlet", grad=mode,
+                                 save_every=steps)
+            q, p = qs[-1], ps[-1]
+        loss = (q ** 2).mean() + (p ** 2).mean()
+        loss.backward()
     if device == "cuda":
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() / 2 ** 20
     else:
         peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024  # KiB → MiB
-    return dict(mode=mode, steps=steps, seconds=time.perf_counter() - t0, peak_mib=peak)
+    return dict(mode=mode, steps=steps, seconds=time.perf_counter() - t0, peak_mib=peak,
+                graph_mib=meter.peak / 2 ** 20, oom=False)
+
+
+def run_child(mode, steps, batch, device, dtype_name, cap_gib):
+    """One cell in a fresh process; an out-of-memory child becomes a row with oom=True."""
+    cmd = [sys.executable, "-m", "experiments.bench.memory", "--child", mode, str(steps),
+           str(batch), device, dtype_name, "--mem-cap-gib", str(cap_gib)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    lines = res.stdout.strip().splitlines()
+    if res.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    err = res.stderr.strip().splitlines()
+    if any(w in res.stderr for w in ("can't allocate memory", "MemoryError", "out of memory")) \
+            or res.returncode in (-9, 137):
+        return dict(mode=mode, steps=steps, seconds=None, peak_mib=None, graph_mib=None,
+                    oom=True, cap_gib=cap_gib)
+    raise RuntimeError(f"memory bench child {mode} {steps} failed ({res.returncode}): "
+                       + "\n".join(err[-5:]))
 
 
 def reconstruction_error(steps_list, dtype_name):
@@ -110,13 +213,43 @@ def reconstruction_error(steps_list, dtype_name):
     return out
 
 
+def _cell(r):
+    if r["oom"]:
+        return f"OOM (> {r['cap_gib']:g} GiB)"
+    return f"{r['graph_mib']:.1f} / {r['peak_mib']:.0f} / {r['seconds']:.1f}"
+
+
+def table(rows, recon, steps_list, batch, device, cap_gib):
+    lines = [f"Memory of one training step (verlet, batch {batch}, float32, {device}), "
+             "per cell: peak autograd graph MiB / peak RSS rise MiB / seconds:", "",
+             "| mode | " + " | ".join(f"{n} steps" for n in steps_list) + " |",
+             "|---|" + "---|" * len(steps_list)]
+    for m in MODES:
+        cells = [_cell(next(r for r in rows if r["mode"] == m and r["steps"] == n))
+                 for n in steps_list]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    oom = [r for r in rows if r["oom"]]
+    if oom:
+        lines += ["", f"OOM: the child exceeded its {cap_gib:g} GiB address-space cap (graph "
+                  "memory grows linearly in steps for these modes)."]
+    lines += ["", "Reversible reconstruction error max|x̂₀ − x₀| after N steps forward and N back "
+              "(batch 64, |x₀| ~ 1):", "", "| dtype | steps | error |", "|---|---|---|"]
+    lines += [f"| {r['dtype']} | {r['steps']} | {r['max_abs_error']:.2e} |" for r in recon]
+    return "\n".join(lines)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--child", nargs=5, metavar=("MODE", "STEPS", "BATCH", "DEVICE", "DTYPE"))
+    ap.add_argument("--mem-cap-gib", type=float, default=12.0,
+                    help="address-space cap of each child on CPU (default 12)")
     args = ap.parse_args(argv)
     if args.child:
         mode, steps, batch, device, dtype = args.child
+        if device == "cpu" and args.mem_cap_gib > 0:
+            cap = int(args.mem_cap_gib * 2 ** 30)
+            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
         print(json.dumps(one_step(mode, int(steps), int(batch), device, dtype)))
         return
     import torch
@@ -130,32 +263,17 @@ def main(argv=None):
     except ImportError:  # progress is a nicety
         tqdm = lambda x, **k: x
     jobs = [(m, n) for n in steps_list for m in MODES]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
     for mode, n in tqdm(jobs, desc="memory"):
-        cmd = [sys.executable, "-m", "experiments.bench.memory", "--child", mode, str(n), str(batch),
-               device, "float32"]
-        res = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
-        rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
+        rows.append(run_child(mode, n, batch, device, "float32", args.mem_cap_gib))
     recon = reconstruction_error([100, 1000, 10000, 100000] if not args.quick else [100, 1000, 10000],
                                  "float64") + reconstruction_error([100, 1000, 10000], "float32")
 
     RESULTS.mkdir(parents=True, exist_ok=True)
-    lines = [f"# Memory per training step (verlet, batch {batch}, float32, {device})", "",
-             "| mode | " + " | ".join(f"{n} steps: MiB / s" for n in steps_list) + " |",
-             "|---|" + "---|" * len(steps_list)]
-    for m in MODES:
-        cells = []
-        for n in steps_list:
-            r = next(r for r in rows if r["mode"] == m and r["steps"] == n)
-            cells.append(f"{r['peak_mib']:.1f} / {r['seconds']:.2f}")
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    lines += ["", "Reversible reconstruction error max|x̂₀ − x₀| after N steps forward and N back:", "",
-              "| dtype | steps | error |", "|---|---|---|"]
-    lines += [f"| {r['dtype']} | {r['steps']} | {r['max_abs_error']:.2e} |" for r in recon]
-    text = "\n".join(lines)
+    text = table(rows, recon, steps_list, batch, device, args.mem_cap_gib)
     print(text)
-    (RESULTS / "memory.md").write_text(text + "\n")
-    (RESULTS / "memory.json").write_text(json.dumps(dict(rows=rows, reconstruction=recon), indent=1))
+    (RESULTS / "memory.md").write_text(f"# Memory per training step\n\n{text}\n")
+    (RESULTS / "memory.json").write_text(json.dumps(dict(rows=rows, reconstruction=recon,
+                                                         batch=batch, device=device), indent=1))
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -163,11 +281,11 @@ def main(argv=None):
 
         fig, ax = plt.subplots(figsize=(6, 4))
         for m in MODES:
-            rs = [r for r in rows if r["mode"] == m]
-            ax.loglog([r["steps"] for r in rs], [max(r["peak_mib"], 0.1) for r in rs], "o-", label=m)
+            rs = [r for r in rows if r["mode"] == m and not r["oom"]]
+            ax.loglog([r["steps"] for r in rs], [max(r["graph_mib"], 0.01) for r in rs], "o-", label=m)
         ax.set_xlabel("rollout steps")
-        ax.set_ylabel("peak memory of a training step [MiB]")
-        ax.legend()
+        ax.set_ylabel("peak autograd graph of a training step [MiB]")
+        ax.legend(fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
         fig.tight_layout()
         fig.savefig(RESULTS / "memory.png", dpi=120)

@@ -97,6 +97,8 @@ def rollout_loss(model, q: Tensor, p: Tensor, *, dt: float, method="verlet", sub
 
     over windows ``q, p`` of shape ``(N, k + 1, n)`` (k ≥ 1).  ``method`` is any integrator;
     gradients go through every step (implicit ones by the solver's implicit backward).
+    ``rollout_options`` go to :func:`torchgeo_int.rollout`: ``grad="checkpoint"`` or
+    ``"reversible"`` (:mod:`torchgeo_int.gradients`) keeps long windows' memory small.
     """
     system = as_system(model)
     _autonomous(system)
