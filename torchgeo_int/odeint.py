@@ -436,21 +436,22 @@ def _integrate(integrator, system, states, times, step_size, t_dtype, grad="back
     groups = [(i0, m, n, times[i0], times[i0 + m], (times[i0 + m] - times[i0]) / (m * n))
               for i0, m, n in _groups(times, step_size, torch.finfo(t_dtype).eps)]
     lean = grad != "backprop"
+    step = integrator.bind(system)
     if lean:
         from .gradients import resolve_params, rollout_with_grad_mode
         grad_options = dict(grad_options or {})
         if torch.is_grad_enabled() and groups:
             _, _, _, ta, _, h = groups[0]
-            grad_options["params"] = resolve_params(integrator.step, system, states, ta, h,
+            grad_options["params"] = resolve_params(step, system, states, ta, h,
                                                     grad_options.get("params"))
     for i0, m, n, ta, tb, h in groups:
         if lean:
-            res = rollout_with_grad_mode(grad, integrator, integrator.step, q, p, system=system,
+            res = rollout_with_grad_mode(grad, integrator, step, q, p, system=system,
                                          h=h, steps=m * n, t0=ta, save_every=n,
                                          check_every=_CHECK_EVERY, step_offset=offset,
                                          params_checked="params" in grad_options, **grad_options)
         else:
-            res, cache = run_loop(integrator.step, q, p, system=system, h=h, steps=m * n, t0=ta,
+            res, cache = run_loop(step, q, p, system=system, h=h, steps=m * n, t0=ta,
                                   save_every=n, check_every=_CHECK_EVERY, cache=cache,
                                   step_offset=offset, return_cache=True)
         offset += m * n

@@ -33,8 +33,8 @@ def _available(name):
 
 def _argv(name, args):
     if name == "memory":
-        # Its own options (--quick only).  Its full size takes ~25 min here and its torchdiffeq
-        # backprop case at 10⁴ steps was killed for memory on a 24 GB machine: quick unless asked.
+        # Its own options (--quick only).  Its full size (10⁴ steps, a child process per cell,
+        # capped at 12 GiB) takes ~10 min on two cores: quick unless asked.
         return [] if args.full_memory else ["--quick"]
     argv = ["--out", args.out, "--threads", str(args.threads)]
     return argv + (["--quick"] if args.quick else []) + (["--no-progress"] if args.no_progress else [])
