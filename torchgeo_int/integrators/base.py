@@ -78,18 +78,24 @@ def splitting_step(kicks, drifts, system):
 
     velocity, force_term = halves
 
-    def step(_system, q, p, t, h, force=None):
-        for a, b in pairs:
-            if a != 0.0:
-                if force is None:
-                    force = force_term(q)
-                p = torch.add(p, force, alpha=a * h)
-            q = torch.add(q, velocity(p), alpha=b * h)
-            force = None
-        if last != 0.0:
-            force = force_term(q)
-            p = torch.add(p, force, alpha=last * h)
+    def run(q, p, h, n, force=None):
+        """n steps of h (the system ignores t): the loop of a hand-written integrator."""
+        for _ in range(n):
+            for a, b in pairs:
+                if a != 0.0:
+                    if force is None:
+                        force = force_term(q)
+                    p = torch.add(p, force, alpha=a * h)
+                q = torch.add(q, velocity(p), alpha=b * h)
+                force = None
+            if last != 0.0:
+                force = force_term(q)
+                p = torch.add(p, force, alpha=last * h)
         return q, p, force
+
+    def step(_system, q, p, t, h, force=None):
+        return run(q, p, h, 1, force)
+    step.run = run     # rollout's loop takes stretches of steps in one call
     return step
 
 
