@@ -4,7 +4,8 @@
 
 Kepler (e = 0.6, each trajectory's eccentricity perturbed by a few %), h = 0.01, float64, one
 CPU thread, no autograd.  For each batch size, every configuration runs side by side in rounds
-(best of ``--repeats``), so the ratios compare runs of the same moment of a shared machine:
+(best of ``--repeats``, more rounds — up to 30, about 0.3 s of each configuration — when the
+runs are short), so the ratios compare runs of the same moment of a shared machine:
 
 * ``hand_verlet`` / ``hand_yoshida4``: a hand-written FSAL kick–drift loop with the same
   closed-form force (torch.add with alpha: one kernel per kick and per drift) — the eager limit;
@@ -203,13 +204,17 @@ def measure(batch, args, device="cpu", dtype=torch.float64, names=None, repeats=
                 base = torch.cuda.memory_allocated(device)
                 common.timed(lambda: fn(q0, p0, steps), device=device)
                 rows[name]["cuda_peak_MiB"] = (torch.cuda.max_memory_allocated(device) - base) / 2 ** 20
+        # Short runs (small batches: ~10 µs steps) are noisier: more rounds, ~0.3 s of each.
+        shortest = min(r["first_call_s"] for r in rows.values())
+        rounds = min(30, max(repeats, math.ceil(0.3 / max(shortest, 1e-3))))
         best = {name: math.inf for name in confs}
-        for _ in range(repeats):
+        for _ in range(rounds):
             for name, (kind, fn) in confs.items():
                 _, s = common.timed(lambda: fn(q0, p0, steps), device=device)
                 best[name] = min(best[name], s)
     for name, r in rows.items():
         r["seconds"] = best[name]
+        r["rounds"] = rounds
         r["us_per_step"] = 1e6 * best[name] / steps
         r["throughput"] = batch * steps / best[name]
     return list(rows.values())
@@ -277,7 +282,7 @@ def plot(rows, path, title):
     plt.close(fig)
 
 
-COLUMNS = [("batch", "batch"), ("config", "configuration"), ("steps", "steps"),
+COLUMNS = [("batch", "batch"), ("config", "configuration"), ("steps", "steps"), ("rounds", "rounds"),
            ("us_per_step", "µs / step"), ("throughput", "steps·traj / s"),
            ("kernels_per_step", "kernels / step"), ("first_call_s", "first call s (compile)"),
            ("max_diff_vs_first", "max |Δ| vs hand")]
@@ -308,7 +313,7 @@ def main(argv=None):
                                           ("value", "value"), ("goal", "goal ≤"), ("meets", "meets")])
     print(md + "\n\n" + md_r)
     sections = [("Setup", f"Kepler e = 0.6 (±2 %), h = {H}, float64, CPU, no autograd; best of "
-                          f"{args.repeats} side-by-side rounds; {time.perf_counter() - t0:.0f} s in all. "
+                          f"{args.repeats} to 30 side-by-side rounds (column rounds); {time.perf_counter() - t0:.0f} s in all. "
                           "max |Δ| vs hand: max difference of the final state from the first "
                           "configuration's (hand_verlet): second-order vs fourth-order methods "
                           "differ by their error, the same method only by round-off."),
