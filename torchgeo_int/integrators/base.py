@@ -50,30 +50,39 @@ class Integrator:
                 f"symplectic={self.symplectic}, symmetric={self.symmetric})")
 
 
+def _signed(kicks, drifts, sign):
+    """The (kick, drift) pairs and the last kick, with the force sign folded into the kicks
+    (sign is ±1: the products are exact, so every path takes the same alphas)."""
+    return tuple((sign * a, b) for a, b in zip(kicks, drifts)), sign * kicks[-1]
+
+
+def _split_steps(pairs, last, velocity, force_term, q, p, t, h, force):
+    """One step of the kick/drift sequence with t (see ``run_splitting``)."""
+    for a, b in pairs:
+        if a != 0.0:
+            if force is None:
+                force = force_term(q, t)
+            p = torch.add(p, force, alpha=a * h)
+        q = torch.add(q, velocity(p, t + 0.5 * b * h), alpha=b * h)
+        t = t + b * h
+        force = None
+    if last != 0.0:
+        force = force_term(q, t)
+        p = torch.add(p, force, alpha=last * h)
+    return q, p, force
+
+
 def splitting_step(kicks, drifts, system):
     """``run_splitting`` bound to one system: same operations in the same order (so the same
     result, bit for bit), with ∂T/∂p and the force term fetched once and, for a time-independent
-    system, called without t."""
-    sign = system.force_sign
-    pairs = tuple((sign * a, b) for a, b in zip(kicks, drifts))
-    last = sign * kicks[-1]
+    system, called without t, n steps at a time (``step.run``)."""
+    pairs, last = _signed(kicks, drifts, system.force_sign)
     halves = system.halves()
     if halves is None:
         velocity, force_term = system.velocity, system.force_term
 
         def step(_system, q, p, t, h, force=None):
-            for a, b in pairs:
-                if a != 0.0:
-                    if force is None:
-                        force = force_term(q, t)
-                    p = torch.add(p, force, alpha=a * h)
-                q = torch.add(q, velocity(p, t + 0.5 * b * h), alpha=b * h)
-                t = t + b * h
-                force = None
-            if last != 0.0:
-                force = force_term(q, t)
-                p = torch.add(p, force, alpha=last * h)
-            return q, p, force
+            return _split_steps(pairs, last, velocity, force_term, q, p, t, h, force)
         return step
 
     velocity, force_term = halves
@@ -107,16 +116,5 @@ def run_splitting(kicks, drifts, system, q, p, t, h, force=None):
     final state is returned when the last kick needs it, so a chain of steps costs one force
     evaluation per nonzero kick after the first step.  A kick is one fused kernel,
     p + (force_sign · a h) force_term (no separate negation of ∂V/∂q)."""
-    sign = system.force_sign
-    for a, b in zip(kicks, drifts):
-        if a != 0.0:
-            if force is None:
-                force = system.force_term(q, t)
-            p = torch.add(p, force, alpha=sign * a * h)
-        q = torch.add(q, system.velocity(p, t + 0.5 * b * h), alpha=b * h)
-        t = t + b * h
-        force = None
-    if kicks[-1] != 0.0:
-        force = system.force_term(q, t)
-        p = torch.add(p, force, alpha=sign * kicks[-1] * h)
-    return q, p, force
+    pairs, last = _signed(kicks, drifts, system.force_sign)
+    return _split_steps(pairs, last, system.velocity, system.force_term, q, p, t, h, force)
