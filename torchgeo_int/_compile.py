@@ -130,6 +130,9 @@ class _Kernels:
         self.integrator, self.system = integrator, system
         self.name = getattr(integrator, "name", type(integrator).__name__)
         self.time_dependent = bool(getattr(system, "time_dependent", True))
+        # A system that takes t as a 0-d tensor (odeint's, as torchdiffeq's func) gets it so in
+        # the graphs: a Python float would be specialised and recompiled for every step's t.
+        self.tensor_time = self.time_dependent and bool(getattr(system, "tensor_time", False))
         split = _explicit_split(integrator, system)
         self.explicit = split is not None
         # The force is carried between calls (FSAL) only when a step starts and ends with a kick;
@@ -138,7 +141,13 @@ class _Kernels:
         self.failed = None            # why compiling failed; then everything runs eagerly
         self._tag = next(_ids)
         self._blocks = {}
-        self.proxy = None if self.explicit else _CompiledFields(system, self.time_dependent, self._tag)
+        self.proxy = None if self.explicit else _CompiledFields(system, self, self._tag)
+
+    def time(self, t, like):
+        """t as the graphs take it: a 0-d tensor like ``like`` for a tensor-time system."""
+        if self.tensor_time and not isinstance(t, torch.Tensor):
+            return torch.full((), t, dtype=like.dtype, device=like.device)
+        return t
 
     def block(self, n, keep_all):
         """(q, p, force, t, h) -> (q, p, force) after n steps of h; with ``keep_all`` q and p
@@ -171,8 +180,9 @@ class _CompiledFields:
     """A system whose vector field, force and velocity are compiled (implicit steps call them in
     their solver loops); every other attribute is the wrapped system's."""
 
-    def __init__(self, system, time_dependent, tag):
-        self._system, self._td = system, time_dependent
+    def __init__(self, system, kernels, tag):
+        self._system, self._kernels = system, kernels
+        self._td = time_dependent = kernels.time_dependent
         s = system
         if time_dependent:
             self._vf = _compile(lambda q, p, t: s.vector_field(q, p, t), f"vf{tag}")
@@ -189,16 +199,16 @@ class _CompiledFields:
         return getattr(self._system, name)
 
     def vector_field(self, q, p, t=0.0):
-        return _traced(self._vf, q, p, *((t,) if self._td else ()))
+        return _traced(self._vf, q, p, *((self._kernels.time(t, q),) if self._td else ()))
 
     def force(self, q, t=0.0):
-        return _traced(self._force, q, *((t,) if self._td else ()))
+        return _traced(self._force, q, *((self._kernels.time(t, q),) if self._td else ()))
 
     def force_term(self, q, t=0.0):
-        return _traced(self._force_term, q, *((t,) if self._td else ()))
+        return _traced(self._force_term, q, *((self._kernels.time(t, q),) if self._td else ()))
 
     def velocity(self, p, t=0.0):
-        return _traced(self._velocity, p, *((t,) if self._td else ()))
+        return _traced(self._velocity, p, *((self._kernels.time(t, p),) if self._td else ()))
 
 
 _KERNELS: "collections.OrderedDict" = collections.OrderedDict()
@@ -242,8 +252,8 @@ class _Runner:
                           f"({self.kernels.failed}); running it eagerly", stacklevel=4)
             return out
 
-    def _time(self, t):
-        return t if self.kernels.time_dependent else 0.0
+    def _time(self, t, like):
+        return self.kernels.time(t, like) if self.kernels.time_dependent else 0.0
 
 
 class CompiledStep(_Runner):
@@ -300,7 +310,7 @@ class CompiledStep(_Runner):
             elif self.steps - round((t - self.t0) / h) < n:
                 return eager()               # the tail: no second graph to compile
         force = k.first_force(system, q, t, cache)
-        out = self._guarded(lambda: _traced(k.block(n, n > 1), q, p, force, self._time(t), h), eager)
+        out = self._guarded(lambda: _traced(k.block(n, n > 1), q, p, force, self._time(t, q), h), eager)
         if k.failed or n == 1:
             return out
         return _Block(*out).next()
@@ -328,7 +338,7 @@ class _MacroStep(_Runner):
         if k.failed or torch.is_grad_enabled():
             return eager()
         force = k.first_force(system, q, t, cache)
-        return self._guarded(lambda: _traced(k.block(K, False), q, p, force, self._time(t), h), eager)
+        return self._guarded(lambda: _traced(k.block(K, False), q, p, force, self._time(t, q), h), eager)
 
 
 def compiled_step(integrator, system, *, steps=None, t0=0.0, block=None) -> CompiledStep:
@@ -342,11 +352,11 @@ def _macro_block(K, save_every):
 
 
 def compiled_rollout(integrator, system, q0, p0, *, h, steps, t0=0.0, save_every=1,
-                     check_every=64, block=None):
+                     check_every=64, block=None, step_offset=0):
     """What ``rollout(..., compile=True, grad="backprop")`` runs: ``run_loop`` with compiled
     steps — K'-fold macro steps when ``save_every`` allows (only the saved states are formed),
     else :class:`CompiledStep` lookahead blocks.  Same outputs as ``run_loop(integrator.step,
-    ...)`` up to round-off."""
+    ...)`` up to round-off.  ``step_offset`` numbers the steps in errors (a continued run)."""
     from .rollout import run_loop
 
     K = default_block(integrator, system) if block is None else block
@@ -359,11 +369,12 @@ def compiled_rollout(integrator, system, q0, p0, *, h, steps, t0=0.0, save_every
             return run_loop(macro, q0, p0, h=Km * h, steps=steps // Km,
                             check_every=max(1, check_every // Km), **{**args, "save_every": save_every // Km})
         except FloatingPointError as err:
-            raise FloatingPointError(_rescale_steps(str(err), Km)) from None
+            raise FloatingPointError(_rescale_steps(str(err), Km, step_offset)) from None
     step = CompiledStep(integrator, system, steps=steps, t0=t0, block=K)
-    return run_loop(step, q0, p0, h=h, steps=steps, check_every=check_every, **args)
+    return run_loop(step, q0, p0, h=h, steps=steps, check_every=check_every,
+                    step_offset=step_offset, **args)
 
 
-def _rescale_steps(message, K):
+def _rescale_steps(message, K, offset=0):
     """run_loop's 'between step a and step b' counted macro steps of K steps: say it in steps."""
-    return re.sub(r"step (\d+)", lambda m: f"step {int(m.group(1)) * K}", message)
+    return re.sub(r"step (\d+)", lambda m: f"step {int(m.group(1)) * K + offset}", message)

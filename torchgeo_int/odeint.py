@@ -56,7 +56,10 @@ Options of the geometric methods (anything else raises ValueError):
     that index independent samples; the solvers then converge, and Newton forms its Jacobian,
     per sample.  With 0 the whole state is one sample, which is right for any func but makes
     Newton's Jacobian as large as the state), ``grad`` ("backprop" — the default — |
-    "checkpoint" | "reversible": how gradients are taken, below), ``segment`` (int, steps per
+    "checkpoint" | "reversible": how gradients are taken, below), ``compile`` (bool: the steps
+    through ``torch.compile`` as in ``tgi.rollout(..., compile=True)``, with t passed to func as
+    a tensor inside the graphs; the graphs are kept for the last 8 (func, options, layout of y0),
+    so a loop of calls compiles once; results equal the eager ones to round-off), ``segment`` (int, steps per
     recomputed segment of grad="checkpoint"), ``reconstruction_tol`` (float, grad="reversible"),
     ``params`` (tensors to differentiate under a lean grad mode; see below).
 
@@ -90,6 +93,7 @@ geometric method use ``odeint`` (with ``options["grad"]`` for memory-lean gradie
 """
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Mapping
 
@@ -112,7 +116,7 @@ FIRST_ORDER_METHOD_NAMES: tuple[str, ...] = tuple(sorted(FIRST_ORDER_METHODS))
 GEOMETRIC_METHODS: tuple[str, ...] = tuple(sorted(set(METHODS) | set(FIRST_ORDER_METHODS) | {"theta"}))
 
 _GRAD_OPTIONS = ("grad", "segment", "reconstruction_tol", "params")
-_COMMON = ("step_size", "batch_dims", "solver", "max_iter") + _GRAD_OPTIONS
+_COMMON = ("step_size", "batch_dims", "solver", "max_iter", "compile") + _GRAD_OPTIONS
 _PARTITIONED_ONLY = ("split", "separable", "hamiltonian")
 OPTIONS: tuple[str, ...] = _COMMON + _PARTITIONED_ONLY
 _CHECK_EVERY = 64  # steps between finiteness checks (one host sync each)
@@ -300,6 +304,9 @@ def _geometric_odeint(func, y0, t, *, rtol, atol, method, options, event_fn):
     _check_state(parts, "y0")
     dtype, device = parts[0].dtype, parts[0].device
     grad, grad_options = _grad_options(options)
+    compile = options.get("compile", False)
+    if not isinstance(compile, bool):
+        raise ValueError(f"options['compile'] must be a bool, got {compile!r}")
     caller = _UserFunc(func, dtype, device, grad=torch.is_grad_enabled())
     if isinstance(method, Integrator):
         integrator = template
@@ -312,22 +319,52 @@ def _geometric_odeint(func, y0, t, *, rtol, atol, method, options, event_fn):
         if grad == "reversible":
             raise ValueError(_not_reversible(integrator, "it is a first-order (eq. (1)) method"))
         state = _FlatState(y0, batch_dims)
-        system = ODESystem(lambda tt, x: state.flatten(caller(tt, state.unflatten(x)), "func"))
-        _register_module(system, "user_func", func)
+
+        def build():
+            system = ODESystem(lambda tt, x: state.flatten(caller(tt, state.unflatten(x)), "func"))
+            system.tensor_time = True   # func takes t as a tensor anyway (torch.compile keeps it so)
+            _register_module(system, "user_func", func)
+            return system
+        system = _system_for(compile, kind, func, options, state, y0, caller, build)
         (X,) = _integrate(integrator, system, (state.x0,), times, step_size, t.dtype,
-                          grad, grad_options)
+                          grad, grad_options, compile)
         return state.assemble(X)
 
     state = _PartitionedState(y0, options.get("split"), batch_dims)
-    system = _partitioned_system(func, caller, state, options)
+    system = _system_for(compile, kind, func, options, state, y0, caller,
+                         lambda: _partitioned_system(func, caller, state, options))
     if grad == "reversible" and not (integrator.symmetric and integrator.splitting()
                                      and system.separable):
         why = ("the field is not declared separable (options['separable'] = True)"
                if not system.separable else "it is not a symmetric explicit (kick/drift) method")
         raise ValueError(_not_reversible(integrator, why))
     Q, P = _integrate(integrator, system, (state.q0, state.p0), times, step_size, t.dtype,
-                      grad, grad_options)
+                      grad, grad_options, compile)
     return state.assemble(Q, P)
+
+
+_SYSTEMS: "collections.OrderedDict" = collections.OrderedDict()
+
+
+def _system_for(compile, kind, func, options, state, y0, caller, build):
+    """The system odeint steps: ``build()``; with ``compile`` the one an earlier call with the
+    same func, options and layout of y0 built (its compiled graphs are kept per system, so a
+    loop of odeint calls compiles once).  Its closures use the layout only, never y0's values."""
+    if not compile:
+        return build()
+    parts = y0 if isinstance(y0, tuple) else (y0,)
+    H = options.get("hamiltonian")
+    key = (kind, id(func), id(H), options.get("separable", False), options.get("split"),
+           options.get("batch_dims", 0), isinstance(y0, tuple), tuple(c.shape for c in parts),
+           caller.dtype, caller.device, caller.grad)
+    hit = _SYSTEMS.get(key)
+    if hit is not None and hit[0] is func and hit[1] is H:
+        _SYSTEMS.move_to_end(key)
+        return hit[2]
+    system = _SYSTEMS[key] = (func, H, build())
+    while len(_SYSTEMS) > 8:   # each entry keeps its func (and compiled graphs) alive
+        _SYSTEMS.popitem(last=False)
+    return system[2]
 
 
 def _not_reversible(integrator, why):
@@ -424,12 +461,13 @@ def _rebuild(m, tol, solver, max_iter):
 
 
 def _integrate(integrator, system, states, times, step_size, t_dtype, grad="backprop",
-               grad_options=None):
+               grad_options=None, compile=False):
     """Run the steps over t; returns each state's trajectory at every t, (len(t), *shape).
 
     Under a lean grad mode each group is one ``gradients.rollout_with_grad_mode`` (its own
     checkpointed or reversible autograd node, a fresh FSAL cache); the parameters are resolved,
-    and the closure check made, once."""
+    and the closure check made, once.  ``compile``: the groups run as ``rollout(...,
+    compile=True)`` does (:mod:`torchgeo_int._compile`)."""
     outs = [[x.unsqueeze(0)] for x in states]
     q, p = states[0], (states[1] if len(states) > 1 else None)
     cache, offset = None, 0
@@ -437,6 +475,10 @@ def _integrate(integrator, system, states, times, step_size, t_dtype, grad="back
               for i0, m, n in _groups(times, step_size, torch.finfo(t_dtype).eps)]
     lean = grad != "backprop"
     step = integrator.bind(system)
+    if compile:
+        from ._compile import compiled_rollout, compiled_step
+        if lean:
+            step = compiled_step(integrator, system)
     if lean:
         from .gradients import resolve_params, rollout_with_grad_mode
         grad_options = dict(grad_options or {})
@@ -450,6 +492,9 @@ def _integrate(integrator, system, states, times, step_size, t_dtype, grad="back
                                          h=h, steps=m * n, t0=ta, save_every=n,
                                          check_every=_CHECK_EVERY, step_offset=offset,
                                          params_checked="params" in grad_options, **grad_options)
+        elif compile:
+            res = compiled_rollout(integrator, system, q, p, h=h, steps=m * n, t0=ta,
+                                   save_every=n, check_every=_CHECK_EVERY, step_offset=offset)
         else:
             res, cache = run_loop(step, q, p, system=system, h=h, steps=m * n, t0=ta,
                                   save_every=n, check_every=_CHECK_EVERY, cache=cache,
@@ -496,7 +541,10 @@ class _UserFunc:
         self.func, self.dtype, self.device, self.grad = func, dtype, device, grad
 
     def __call__(self, t, y):
-        tt = torch.full((), t, dtype=self.dtype, device=self.device)
+        if isinstance(t, torch.Tensor):   # (compiled graphs pass t as a tensor)
+            tt = t.to(self.dtype)
+        else:
+            tt = torch.full((), t, dtype=self.dtype, device=self.device)
         if not self.grad or torch.is_grad_enabled():
             return self.func(tt, y)
         with torch.enable_grad():
@@ -619,6 +667,8 @@ class _PartitionedState:
 class _Partitioned(VectorFieldSystem):
     """The field (dq, dp) of the user's func; with separable=True each half comes from one call
     with the other half zero (q and p may differ in size, unlike VectorFieldSystem's zeros_like)."""
+
+    tensor_time = True   # func takes t as a tensor anyway (torch.compile keeps it so)
 
     def __init__(self, f, separable, nq, np_):
         super().__init__(f, separable=separable)
