@@ -145,3 +145,26 @@ def test_bench_main_runs_each_and_reports_failures(tmp_path, monkeypatch):
     assert code == 1
     index = (tmp_path / "index.md").read_text()
     assert "training_cost | FAILED" in index and "[throughput.md](throughput.md)" in index
+
+
+def test_hnn_study_tiny_run_and_merge(tmp_path, capsys):
+    """experiments.hnn.run at a toy budget: report, ratios to arm (a), figures, saved rollouts;
+    --merge reruns one arm into the report (same per-seed numbers: training is seeded) and
+    refuses a report of another budget.  Implicit arms are evaluated with Newton solves."""
+    from experiments.hnn import run as hnn_run
+    from experiments.hnn.train import evaluation_method
+
+    args = dict(quick=True, seeds=1, steps=5, batch_size=16, out=tmp_path, progress=False)
+    rep = hnn_run.run("spring", arm_keys=["a", "b1", "c"], **args)
+    assert set(rep["arms"]) == {"a", "b1", "c"} and set(rep["ratios_to_a"]) == {"b1/a", "c/a"}
+    for suffix in (".json", ".md", "_phase.png", "_energy.png", "_trajectories.pt"):
+        assert (tmp_path / f"hnn_spring{suffix}").stat().st_size > 0
+    merged = hnn_run.run("spring", arm_keys=["c"], merge=True, **args)
+    assert list(merged["arms"]) == ["a", "b1", "c"]
+    for key in ("a", "b1", "c"):
+        assert merged["arms"][key]["per_seed"][0]["energy_mse"] == rep["arms"][key]["per_seed"][0]["energy_mse"]
+    with pytest.raises(ValueError, match="was run with"):
+        hnn_run.run("spring", arm_keys=["c"], merge=True, **dict(args, steps=6))
+    m = evaluation_method("implicit_midpoint")
+    assert isinstance(m, tgi.CotangentLiftIntegrator) and m.solver == "newton" and m.alpha == 0.5
+    assert evaluation_method("verlet") == "verlet"

@@ -62,7 +62,11 @@ def _fmt(mean, se):
 def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps: int | None = None,
         batch_size: int | None = None, arm_keys=None, out: str | Path = "results",
         progress: bool = True, b_model: str = "auto", node_window: int = 5,
-        threads: int | None = 1) -> dict:
+        threads: int | None = 1, merge: bool = False) -> dict:
+    """Train and evaluate the arms (``arm_keys``: a subset) with every seed; write the report.
+    ``merge``: keep the other arms of the report already in ``out`` (same task, budget and
+    seeds) and replace the ones run now — training is seeded, so an arm rerun is the same model;
+    use it to re-evaluate or add arms without retraining the rest."""
     if task_name not in CONFIG:
         raise ValueError(f"unknown task {task_name!r}; known: {', '.join(CONFIG)}")
     if threads:
@@ -78,7 +82,9 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
         task = datasets.twobody(0, trajectories=mode["trajectories"])
     else:
         task = datasets.TASKS[task_name](0)
-    all_arms = make_arms(task, b_model=b_model, node_window=node_window)
+    all_arms = every_arm = make_arms(task, b_model=b_model, node_window=node_window)
+    out = Path(out)
+    stem = out / f"hnn_{task_name}"
     if arm_keys:
         unknown = set(arm_keys) - {a.key for a in all_arms}
         if unknown:
@@ -107,6 +113,16 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
                 outer.set_postfix(arm=arm.key, energy_mse=f"{metrics['energy_mse']:.2e}")
     if outer is not None:
         outer.close()
+    wall = time.perf_counter() - t_start
+    if merge:
+        previous, old_keep = _previous(stem, quick=quick, seeds=n_seeds, steps=n_steps, batch=bs)
+        for key, arm in previous["arms"].items():
+            if key not in results:
+                results[key] = arm["per_seed"]
+                if key in old_keep:
+                    keep[key] = old_keep[key]
+        all_arms = [a for a in every_arm if a.key in results]
+        wall += previous["wall_seconds"]
 
     summary = {}
     for arm in all_arms:
@@ -133,18 +149,41 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
                          "summary": summary[a.key]} for a in all_arms},
         "ratios_to_a": ratios,
         "paper_energy_mse_derivative_matching": datasets.PAPER_ENERGY_MSE[task_name],
-        "wall_seconds": time.perf_counter() - t_start,
+        "wall_seconds": wall,
         "machine": {"platform": platform.platform(), "torch": torch.__version__,
                     "threads": torch.get_num_threads(),
                     "note": "wall-clock numbers measured on shared, loaded cores"},
     }
-    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"hnn_{task_name}"
     stem.with_suffix(".json").write_text(json.dumps(report, indent=2, allow_nan=True))
     stem.with_suffix(".md").write_text(markdown(report))
-    plot(task, all_arms, keep, stem)
+    # seed 0's rollouts, so that a later --merge can redraw the figures with every arm
+    missing = [a.key for a in all_arms if a.key not in keep]
+    if missing:   # merged into a report whose rollouts were not saved: keep its figures
+        print(f"--merge: no saved seed-0 rollouts of arm(s) {missing}: the figures were not redrawn")
+    else:
+        torch.save(keep, _trajectories(stem))
+        plot(task, all_arms, keep, stem)
     return report
+
+
+def _trajectories(stem: Path) -> Path:
+    return stem.with_name(stem.name + "_trajectories.pt")
+
+
+def _previous(stem: Path, **expected):
+    """The report (and seed-0 rollouts, if saved) that --merge adds to; it must have been run
+    with the same budget."""
+    path = stem.with_suffix(".json")
+    if not path.exists():
+        raise FileNotFoundError(f"--merge needs an earlier report {path}")
+    rep = json.loads(path.read_text())
+    got = dict(quick=rep["quick"], seeds=rep["seeds"], steps=rep["steps"], batch=rep["batch_size"])
+    if got != expected:
+        raise ValueError(f"--merge: {path} was run with {got}, this run is {expected}")
+    traj = _trajectories(stem)
+    keep = torch.load(traj, weights_only=True) if traj.exists() else {}
+    return rep, keep
 
 
 def markdown(rep: dict) -> str:
@@ -236,12 +275,14 @@ def main(argv=None):
     ap.add_argument("--node-window", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--out", default="results")
+    ap.add_argument("--merge", action="store_true",
+                    help="replace only the arms run now in the report already in --out")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     rep = run(args.task, quick=args.quick, seeds=args.seeds, steps=args.steps, batch_size=args.batch_size,
               arm_keys=args.arms.split(",") if args.arms else None, out=args.out,
               progress=not args.no_progress, b_model=args.b_model, node_window=args.node_window,
-              threads=args.threads)
+              threads=args.threads, merge=args.merge)
     print(markdown(rep))
 
 
