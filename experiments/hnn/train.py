@@ -2,6 +2,9 @@ r"""The arms of the HNN study: what is trained, on what, and how it is rolled ou
 
 (a)   ``a``    HNN (MLP H_θ(q, p)) by derivative matching (Greydanus et al. 2019), on the noisy
                states with the true derivatives at the clean states, as in their data.py.
+(a′)  ``a_fd`` the same, with the derivatives estimated from the noisy states themselves
+               (second-order finite differences along each trajectory): derivative matching
+               with only the information the other arms get.
 (b)   ``b1``, ``b5``, ``b10``   trained through k = 1, 5, 10 symplectic steps per window of the
                noisy trajectories (SRNN-style rollout loss): SeparableHNN + Verlet when the task
                is separable (all three are), HNN + implicit midpoint otherwise (``b_model="hnn"``
@@ -28,7 +31,8 @@ from torchdiffeq import odeint
 
 from torchgeo_int import CotangentLiftIntegrator, MidpointMap
 from torchgeo_int.solvers import ConvergenceError
-from torchgeo_int.nn.losses import derivative_loss, make_windows, residual_loss, rollout_loss
+from torchgeo_int.nn.losses import (derivative_loss, finite_differences, make_windows, residual_loss,
+                                   rollout_loss)
 from torchgeo_int.nn.metrics import energy_drift, energy_mse, hamiltonian_error, predict, state_mse
 from torchgeo_int.nn.modules import HNN, MLPVectorField, SeparableHNN
 from torchgeo_int.nn.training import fit, seed_everything
@@ -51,7 +55,9 @@ def arms(task: Task, *, b_model: str = "auto", node_window: int = 5, windows=(1,
     sep = task.separable and b_model != "hnn"
     b_cls, b_method = ("SeparableHNN", "verlet") if sep else ("HNN", "implicit_midpoint")
     out = [Arm("a", "(a) HNN, derivative matching", "HNN", "derivative", 0, "dopri5",
-               "dopri5 (rtol 1e-9) on the learned field")]
+               "dopri5 (rtol 1e-9) on the learned field"),
+           Arm("a_fd", "(a′) HNN, derivative matching on finite differences", "HNN",
+               "derivative_fd", 0, "dopri5", "dopri5 (rtol 1e-9) on the learned field")]
     for k in windows:
         out.append(Arm(f"b{k}", f"(b) {b_cls} through {k} {b_method} step{'s' * (k > 1)}", b_cls,
                        "rollout", k, b_method,
@@ -80,8 +86,10 @@ def node_loss(model, q, p, *, dt, substeps=1):
 
 def loss_and_data(arm: Arm, task: Task, *, substeps: int = 1):
     dt = task.dt
-    if arm.loss == "derivative":
-        pts = [x.reshape(-1, task.dim) for x in (task.q_train, task.p_train, task.dq_train, task.dp_train)]
+    if arm.loss in ("derivative", "derivative_fd"):
+        dq, dp = ((task.dq_train, task.dp_train) if arm.loss == "derivative"
+                  else finite_differences(task.q_train, task.p_train, dt))
+        pts = [x.reshape(-1, task.dim) for x in (task.q_train, task.p_train, dq, dp)]
         return derivative_loss, tuple(pts)
     data = make_windows(task.q_train, task.p_train, arm.window)
     if arm.loss == "rollout":
