@@ -5,14 +5,15 @@ r"""HNNs trained through structure-preserving steps vs derivative matching vs a 
 Every arm of :mod:`experiments.hnn.train` is trained with each seed on the task of
 :mod:`experiments.hnn.data`, then rolled out from the held-out clean initial conditions over
 t ∈ [0, 20].  Writes ``results/hnn_<task>.json`` and ``.md`` (mean ± s.e. over seeds, and the
-ratios of each arm's metrics to arm (a)'s, measured in the same run) and the PNGs
+ratios of each arm's metrics to arm (a)'s and to arm (a′)'s, measured in the same run) and the PNGs
 ``hnn_<task>_phase.png`` (phase portraits / orbits, seed 0) and ``hnn_<task>_energy.png``
 (|H(x̂_t) − H(x_t)| with the true H, mean over the initial conditions, seed 0).
 
 ``--quick`` (≈ 2 minutes per task on 2 CPU cores): 2 seeds, 300 steps on batches of 64,
 two-body with 200 trajectories.  Full: 5 seeds, the HNN paper's budgets (spring and pendulum
 2000 full-batch steps, two-body 10000 steps on batches of 200, 1000 trajectories).
-Wall-clock numbers depend on the machine's load.
+Wall-clock numbers depend on the machine's load.  ``--arms a_fd,c --merge`` reruns some arms
+into the report already in ``--out`` (training is seeded, so the other arms need no rerun).
 """
 from __future__ import annotations
 
@@ -129,15 +130,8 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
         rows = results[arm.key]
         summary[arm.key] = {m: dict(zip(("mean", "se"), _mean_se([r.get(m) for r in rows])))
                             for m in METRICS}
-    ratios = {}
-    if "a" in summary:
-        for arm in all_arms:
-            if arm.key == "a":
-                continue
-            ratios[f"{arm.key}/a"] = {}
-            for m in ("state_mse", "energy_mse", "energy_drift", "eps_H"):
-                num, den = summary[arm.key][m]["mean"], summary["a"][m]["mean"]
-                ratios[f"{arm.key}/a"][m] = (num / den) if (num is not None and den) else None
+    ratios = _ratios(summary, "a")
+    ratios_fd = _ratios(summary, "a_fd")
 
     report = {
         "task": task_name, "quick": quick, "seeds": n_seeds, "steps": n_steps, "batch_size": bs,
@@ -148,6 +142,7 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
                          "evaluation": a.evaluation, "per_seed": results[a.key],
                          "summary": summary[a.key]} for a in all_arms},
         "ratios_to_a": ratios,
+        "ratios_to_a_fd": ratios_fd,
         "paper_energy_mse_derivative_matching": datasets.PAPER_ENERGY_MSE[task_name],
         "wall_seconds": wall,
         "machine": {"platform": platform.platform(), "torch": torch.__version__,
@@ -186,6 +181,21 @@ def _previous(stem: Path, **expected):
     return rep, keep
 
 
+def _ratios(summary, base):
+    """Each other arm's seed-mean metrics divided by arm ``base``'s ({} if base was not run)."""
+    if base not in summary:
+        return {}
+    out = {}
+    for key, s in summary.items():
+        if key == base:
+            continue
+        out[f"{key}/{base}"] = {}
+        for m in ("state_mse", "energy_mse", "energy_drift", "eps_H"):
+            num, den = s[m]["mean"], summary[base][m]["mean"]
+            out[f"{key}/{base}"][m] = (num / den) if (num is not None and den) else None
+    return out
+
+
 def markdown(rep: dict) -> str:
     lines = [f"# HNN study: {rep['task']}{' (--quick)' if rep['quick'] else ''}", "",
              f"{rep['seeds']} seed(s), {rep['steps']} Adam steps (lr {rep['lr']}, weight decay "
@@ -201,10 +211,13 @@ def markdown(rep: dict) -> str:
         lines.append(f"| {arm['label']} | {arm['evaluation']} | " + " | ".join(
             _fmt(s[m]["mean"], s[m]["se"]) for m in ("state_mse", "energy_mse", "energy_drift",
                                                      "eps_H", "train_seconds")) + " |")
-    if rep["ratios_to_a"]:
-        lines += ["", "Ratios to arm (a), same run (ratio of the seed means; < 1: better than (a)):", "",
+    for field, base in (("ratios_to_a", "(a)"), ("ratios_to_a_fd", "(a′)")):
+        if not rep.get(field):
+            continue
+        lines += ["", f"Ratios to arm {base}, same run (ratio of the seed means; < 1: better than "
+                      f"{base}):", "",
                   "| ratio | state MSE | energy MSE | energy drift | ε_H |", "|---|---|---|---|---|"]
-        for name, r in rep["ratios_to_a"].items():
+        for name, r in rep[field].items():
             cells = ["—" if r[m] is None else ("diverged" if not math.isfinite(r[m]) else f"{r[m]:.3g}")
                      for m in ("state_mse", "energy_mse", "energy_drift", "eps_H")]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
