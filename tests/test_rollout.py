@@ -203,3 +203,23 @@ def test_errors_name_the_step_inside_a_stretch_of_steps():
             with torch.no_grad():
                 tgi.rollout(blowup, torch.tensor([2.0]), torch.tensor([0.0]), h=0.5, steps=40,
                             method="verlet", check_every=every)
+
+
+def test_bound_loop_respects_overridden_halves():
+    """A SeparableHamiltonian subclass that overrides velocity/force_term is stepped through its
+    own methods by the bound loop too."""
+    class Stiffer(tgi.SeparableHamiltonian):
+        def velocity(self, p, t=0.0):
+            return 2.0 * p            # T = |p|² (not the kinetic passed in)
+
+    system = Stiffer(lambda p: 0.5 * (p * p).sum(-1), lambda q: 0.5 * (q * q).sum(-1))
+    assert system.halves() is None
+    q0, p0 = torch.tensor([[1.0]]), torch.tensor([[0.0]])
+    with torch.no_grad():
+        q, p = tgi.rollout(system, q0, p0, h=0.01, steps=100, method="verlet")
+        qs, ps = q0, p0
+        for k in range(100):
+            qs, ps = tgi.METHODS["verlet"](system, qs, ps, 0.01 * k, 0.01)
+    assert torch.equal(q[-1], qs) and torch.equal(p[-1], ps)
+    # ω² = 2: the frequency of the overridden system, not of the kinetic energy given
+    assert abs(float(q[-1, 0, 0]) - math.cos(math.sqrt(2.0))) < 1e-3

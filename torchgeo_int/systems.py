@@ -170,8 +170,10 @@ class SeparableHamiltonian(Hamiltonian):
         return -self.force_term(q, t)
 
     def halves(self):
-        if self.time_dependent:
-            return None
+        cls = type(self)
+        if (self.time_dependent or cls.velocity is not SeparableHamiltonian.velocity
+                or cls.force_term is not SeparableHamiltonian.force_term):
+            return None   # (a subclass that gives the halves another way keeps its methods)
         T, V, dT, dV = self.kinetic, self.potential, self.kinetic_grad, self.potential_grad
         vel = dT if dT is not None else (lambda p: grad_of(T, (p,))[0])
         pot = dV if dV is not None else (lambda q: grad_of(V, (q,))[0])
