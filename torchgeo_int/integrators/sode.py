@@ -56,27 +56,11 @@ def _velocity_dependent(system) -> bool:
     return bool(getattr(system, "velocity_dependent", True))
 
 
-def _jvp(R: DiscretizationMap, x, v, dx, dv):
-    """DR_d(x, v)·(dx, dv).  Maps with a closed form keep it; for the others this is the
-    double-vjp identity J·t = ∂/∂u (Jᵀu · t) with plain autograd, because torch.func.jvp (the
-    base class's default) costs tens of ms per call through its decompositions on CPU."""
-    if type(R).jvp is not DiscretizationMap.jvp:
-        return R.jvp(x, v, dx, dv)
-    keep = torch.is_grad_enabled()
-    with torch.enable_grad():
-        xs = tuple(a if (keep and a.requires_grad) else a.detach().requires_grad_() for a in (x, v))
-        out = R._forward(*xs)
-        us = tuple(torch.zeros_like(o, requires_grad=True) for o in out)
-        g = torch.autograd.grad(out, xs, us, create_graph=True)
-        s = (g[0] * dx).sum() + (g[1] * dv).sum()
-        return torch.autograd.grad(s, us, create_graph=keep)
-
-
 def _lifted(R: DiscretizationMap, x, xdot):
-    """R_d^T(x, ẋ) of TangentLift(R) (THEORY §3), with :func:`_jvp`."""
+    """R_d^T(x, ẋ) of TangentLift(R) (THEORY §3)."""
     (q, v), (qd, vd) = _split(x), _split(xdot)
     y0, y1 = R._forward(q, qd)
-    dy0, dy1 = _jvp(R, q, qd, v, vd)
+    dy0, dy1 = R.jvp(q, qd, v, vd)
     return torch.cat([y0, dy0], -1), torch.cat([y1, dy1], -1)
 
 
@@ -443,7 +427,7 @@ class DiscreteSODE(Integrator):
     def _end_velocity(self, acc, q_prev, q, t, h, pair=None):
         """v_k at the end of the pair (q_{k−1}, q_k) = R_d(q̄', w') (pair base time t + αh)."""
         qb, w = self.R.inverse(q_prev, q) if pair is None else pair
-        return _jvp(self.R, qb, w, w / h, h * acc(qb, w / h, t + self._a * h))[1]
+        return self.R.jvp(qb, w, w / h, h * acc(qb, w / h, t + self._a * h))[1]
 
     def velocity(self, system, q_prev, q, t=0.0, h=0.01) -> Tensor:
         """v_k recovered from (q_{k−1}, q_k)."""
@@ -471,7 +455,7 @@ class DiscreteSODE(Integrator):
         def residual(z):
             qb, w = z
             y0 = self.R._forward(qb, w)[0]
-            u0 = _jvp(self.R, qb, w, w / h, h * acc(qb, w / h, t_new))[0]
+            u0 = self.R.jvp(qb, w, w / h, h * acc(qb, w / h, t_new))[0]
             return y0 - q, u0 - vk
 
         w0 = (h * vk).detach()
