@@ -223,3 +223,18 @@ def test_bound_loop_respects_overridden_halves():
     assert torch.equal(q[-1], qs) and torch.equal(p[-1], ps)
     # ω² = 2: the frequency of the overridden system, not of the kinetic energy given
     assert abs(float(q[-1, 0, 0]) - math.cos(math.sqrt(2.0))) < 1e-3
+
+
+def test_fixed_point_failure_names_newton_and_newton_solves_it():
+    """A step where the midpoint fixed point cannot contract (h·ω/2 = 2.5) says how to use Newton
+    on the same equations, and Newton then takes the step."""
+    system = tgi.Hamiltonian(lambda q, p: 0.5 * (p * p).sum(-1) + 50.0 * (q * q).sum(-1))
+    q0, p0 = torch.tensor([1.0]), torch.tensor([0.0])
+    with pytest.raises(tgi.ConvergenceError, match=r"solver='newton'.*AlphaMap\(0.5\)|AlphaMap\(0.5\).*solver='newton'"):
+        with torch.no_grad():
+            tgi.rollout(system, q0, p0, h=0.5, steps=5, method="implicit_midpoint")
+    newton = tgi.CotangentLiftIntegrator(tgi.AlphaMap(0.5), solver="newton")
+    with torch.no_grad():
+        q, p = tgi.rollout(system, q0, p0, h=0.5, steps=5, method=newton)
+    E = 0.5 * p ** 2 + 50.0 * q ** 2   # the midpoint rule keeps a quadratic H exactly
+    assert torch.allclose(E, E[0], rtol=1e-12)

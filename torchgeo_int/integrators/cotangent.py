@@ -22,7 +22,11 @@ import torch
 
 from ..lifts import CotangentLift
 from ..maps import AlphaMap, DiscretizationMap
-from ..solvers import fixed_point, newton
+from ..solvers import ConvergenceError, fixed_point, newton
+
+_NEWTON_HINT = ("the fixed-point iteration does not contract at this step size: reduce h, or "
+                "solve the same equations by Newton: method=tgi.CotangentLiftIntegrator("
+                "tgi.AlphaMap({a}), solver='newton') (odeint: options['solver'] = 'newton')")
 from .base import Integrator
 
 
@@ -92,7 +96,15 @@ class CotangentLiftIntegrator(Integrator):
         if self.solver == "newton":
             k = newton(lambda k_: tuple(ki - si for ki, si in zip(k_, stage(k_))), k0, **self._options())
         else:
-            k = fixed_point(stage, k0, **self._options())
+            try:
+                k = fixed_point(stage, k0, **self._options())
+            except ConvergenceError as err:
+                if err.iterations < (self.max_iter or 100) or "non-finite" in err.reason:
+                    raise
+                # No contraction (h·|∂X_H| too large, e.g. a stiff learned field): say how to
+                # get Newton's method on the same equations.
+                raise ConvergenceError(err.reason, iterations=err.iterations, residual=err.residual,
+                                       tol=err.tol, hint=_NEWTON_HINT.format(a=self.alpha)) from None
         # The stage derivative is the warm start of the next solve (no graph needed for a guess).
         return torch.add(q, k[0], alpha=h), torch.add(p, k[1], alpha=h), tuple(x.detach() for x in k)
 
