@@ -24,7 +24,7 @@ from ..lifts import CotangentLift
 from ..maps import AlphaMap, DiscretizationMap
 from ..solvers import ConvergenceError, fixed_point, newton
 
-_NEWTON_HINT = ("the fixed-point iteration does not contract at this step size: reduce h, or "
+_NEWTON_HINT = ("the fixed-point iteration needs h·|∂X_H| small enough to contract: reduce h, or "
                 "solve the same equations by Newton: method=tgi.CotangentLiftIntegrator("
                 "tgi.AlphaMap({a}), solver='newton') (odeint: options['solver'] = 'newton')")
 from .base import Integrator
@@ -99,10 +99,8 @@ class CotangentLiftIntegrator(Integrator):
             try:
                 k = fixed_point(stage, k0, **self._options())
             except ConvergenceError as err:
-                if err.iterations < (self.max_iter or 100) or "non-finite" in err.reason:
-                    raise
-                # No contraction (h·|∂X_H| too large, e.g. a stiff learned field): say how to
-                # get Newton's method on the same equations.
+                # No contraction (h·|∂X_H| too large, e.g. a stiff learned field: it stalls or
+                # blows up): say how to get Newton's method on the same equations.
                 raise ConvergenceError(err.reason, iterations=err.iterations, residual=err.residual,
                                        tol=err.tol, hint=_NEWTON_HINT.format(a=self.alpha)) from None
         # The stage derivative is the warm start of the next solve (no graph needed for a guess).
