@@ -1,5 +1,6 @@
 """The drop-in odeint: torchdiffeq's methods delegated unchanged, geometric methods equal to
 rollouts, exact landing on t, invariants, gradients, options and errors."""
+import importlib
 import math
 
 import pytest
@@ -88,10 +89,36 @@ def problem(name, reverse=False, npts=10):
 def test_torchdiffeq_method_list_is_torchdiffeq_own():
     from torchdiffeq._impl.odeint import SOLVERS
 
-    assert set(TORCHDIFFEQ_METHODS) == set(SOLVERS)
+    assert set(TORCHDIFFEQ_METHODS) == set(SOLVERS) - set(GEOMETRIC_METHODS)
     assert {"dopri5", "rk4", "euler", "midpoint", "dopri8", "bosh3", "fehlberg2", "adaptive_heun",
             "heun3", "explicit_adams", "implicit_adams", "fixed_adams", "scipy_solver"} <= set(SOLVERS)
     assert not set(TORCHDIFFEQ_METHODS) & set(GEOMETRIC_METHODS)
+
+
+def test_geometric_names_stay_ours_with_a_torchdiffeq_that_has_them(monkeypatch):
+    """torchdiffeq's master branch adds implicit_midpoint / implicit_euler (Broyden over the whole
+    batch): with such a SOLVERS those names still run ours, and its new names are delegated."""
+    from torchdiffeq._impl.odeint import SOLVERS
+
+    mod = importlib.import_module("torchgeo_int.odeint")   # tgi.odeint is the function
+    master = list(SOLVERS) + ["implicit_euler", "implicit_midpoint", "gl4", "trapezoid"]
+    names = mod.delegated_names(master)
+    assert {"gl4", "trapezoid"} <= set(names) and not set(names) & set(GEOMETRIC_METHODS)
+    monkeypatch.setattr(mod, "TORCHDIFFEQ_METHODS", names)
+
+    def not_torchdiffeq(*args, **kwargs):
+        raise AssertionError("a geometric name was delegated to torchdiffeq")
+
+    monkeypatch.setattr(torchdiffeq, "odeint", not_torchdiffeq)
+    y0 = torch.tensor([[1.0, 0.0], [0.5, 0.2]], dtype=torch.float64)
+    t = torch.linspace(0.0, 1.0, 5, dtype=torch.float64)
+    skew = lambda t, y: torch.stack([y[..., 1], -y[..., 0]], -1)          # noqa: E731
+    for method in ("implicit_midpoint", "implicit_euler"):
+        ys = odeint(skew, y0, t, method=method, options=dict(step_size=0.05))
+        assert ys.shape == (5, 2, 2) and torch.isfinite(ys).all()
+    ys = odeint(skew, y0, t, method="implicit_midpoint", rtol=1e-12, atol=1e-12,
+                options=dict(step_size=0.05))
+    assert torch.allclose(ys.norm(dim=-1), y0.norm(dim=-1).expand(5, 2), atol=1e-11)  # the midpoint rule keeps |y|
 
 
 @pytest.mark.parametrize("method", [None] + list(TORCHDIFFEQ_METHODS))

@@ -10,6 +10,8 @@ increasing or decreasing tensor ``t``, stacked along a new first dim, in the str
 midpoint, heun2, heun3, rk4, explicit_adams, implicit_adams, fixed_adams, scipy_solver, ...) are
 passed to ``torchdiffeq.odeint`` unchanged, so the results, options and warnings are
 torchdiffeq's (``midpoint`` is its explicit midpoint method; ours is ``implicit_midpoint``).
+A name that is also geometric stays ours (:func:`delegated_names`): torchdiffeq's master
+branch adds ``implicit_midpoint`` and ``implicit_euler``.
 
 **Geometric methods** (``GEOMETRIC_METHODS``), fixed step sizes:
 
@@ -110,10 +112,20 @@ from .systems import Hamiltonian, ODESystem, VectorFieldSystem, grad_of
 __all__ = ["odeint", "odeint_adjoint", "TORCHDIFFEQ_METHODS", "GEOMETRIC_METHODS",
            "PARTITIONED_METHODS", "FIRST_ORDER_METHOD_NAMES", "OPTIONS"]
 
-TORCHDIFFEQ_METHODS: tuple[str, ...] = tuple(_TORCHDIFFEQ_SOLVERS)
 PARTITIONED_METHODS: tuple[str, ...] = tuple(sorted(METHODS))
 FIRST_ORDER_METHOD_NAMES: tuple[str, ...] = tuple(sorted(FIRST_ORDER_METHODS))
 GEOMETRIC_METHODS: tuple[str, ...] = tuple(sorted(set(METHODS) | set(FIRST_ORDER_METHODS) | {"theta"}))
+
+
+def delegated_names(solvers) -> tuple[str, ...]:
+    """The names of torchdiffeq's ``SOLVERS`` that odeint passes on: all but ours.  A torchdiffeq
+    built from its master branch also defines ``implicit_midpoint`` and ``implicit_euler``; the
+    geometric ones keep those names (the same equations, solved per sample instead of by one
+    Broyden iteration over the whole batch), so installing it changes nothing here."""
+    return tuple(name for name in solvers if name not in GEOMETRIC_METHODS)
+
+
+TORCHDIFFEQ_METHODS: tuple[str, ...] = delegated_names(_TORCHDIFFEQ_SOLVERS)
 
 _GRAD_OPTIONS = ("grad", "segment", "reconstruction_tol", "params")
 _COMMON = ("step_size", "batch_dims", "solver", "max_iter", "compile") + _GRAD_OPTIONS
