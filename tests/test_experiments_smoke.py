@@ -168,3 +168,23 @@ def test_hnn_study_tiny_run_and_merge(tmp_path, capsys):
     m = evaluation_method("implicit_midpoint")
     assert isinstance(m, tgi.CotangentLiftIntegrator) and m.solver == "newton" and m.alpha == 0.5
     assert evaluation_method("verlet") == "verlet"
+
+
+def test_torchdiffeq_master_runs_our_side_and_says_why_not_theirs(tmp_path, capsys):
+    """Without --torchdiffeq-src only our side runs and the report says how to get theirs; a
+    folder without the torchdiffeq package is refused before any child starts."""
+    from experiments.bench import torchdiffeq_master
+
+    data = torchdiffeq_master.main(["--batches", "2", "--steps", "3", "--out", str(tmp_path), *QUIET])
+    assert torchdiffeq_master.NOT_RUN in capsys.readouterr().err
+    saved = _load(tmp_path, "torchdiffeq_master")
+    assert saved["torchdiffeq_master"] is None and saved["agreement"] == []
+    assert torchdiffeq_master.NOT_RUN in (tmp_path / "torchdiffeq_master.md").read_text()
+    assert (tmp_path / "torchdiffeq_master.png").stat().st_size > 0
+    by = {r["method"]: r for r in data["rows"]}
+    assert set(by) == {"implicit_midpoint", "verlet"} and all(r["side"] == "ours" for r in data["rows"])
+    assert all(r["status"] == "ok" and r["seconds"] > 0 for r in data["rows"])
+    # the implicit step iterates; verlet on a separable field calls func twice a step (kick, drift)
+    assert by["verlet"]["evals_per_step"] < 3 < by["implicit_midpoint"]["evals_per_step"]
+    with pytest.raises(SystemExit, match="no torchdiffeq/__init__.py"):
+        torchdiffeq_master.main(["--torchdiffeq-src", str(tmp_path), "--out", str(tmp_path), *QUIET])

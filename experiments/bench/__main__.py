@@ -3,7 +3,9 @@
 Runs throughput, work_precision, training_cost, memory (when ``experiments/bench/memory.py`` is
 there; at its --quick size unless --full-memory) and, on a machine with CUDA, gpu; each writes
 its markdown/JSON/PNG under results/bench/,
-and results/bench/index.md lists them with their run times.  A benchmark that fails is reported
+and results/bench/index.md lists them with their run times.  Not run from here, since it needs
+a scratch checkout of torchdiffeq's master branch: ``python -m experiments.bench.torchdiffeq_master
+--torchdiffeq-src PATH`` (its Broyden implicit midpoint vs ours, vs batch size).  A benchmark that fails is reported
 and the others still run; the exit status is then 1.  Full run: roughly 10–20 minutes on two
 CPU cores; --quick: a few minutes.
 """
