@@ -159,6 +159,11 @@ def test_hnn_study_tiny_run_and_merge(tmp_path, capsys):
     assert set(rep["arms"]) == {"a", "b1", "c"} and set(rep["ratios_to_a"]) == {"b1/a", "c/a"}
     for suffix in (".json", ".md", "_phase.png", "_energy.png", "_trajectories.pt"):
         assert (tmp_path / f"hnn_spring{suffix}").stat().st_size > 0
+    assert "| failed |" in (tmp_path / "hnn_spring.md").read_text()
+    assert all(a["summary"]["failed_seeds"] == [] for a in rep["arms"].values())
+    # a failed rollout (inf) is counted, not averaged in
+    assert hnn_run._mean_se([1.0, 3.0, float("inf")]) == (2.0, 1.0)
+    assert hnn_run._mean_se([float("inf")]) == (None, None)
     merged = hnn_run.run("spring", arm_keys=["c"], merge=True, **args)
     assert list(merged["arms"]) == ["a", "b1", "c"]
     for key in ("a", "b1", "c"):
@@ -167,6 +172,7 @@ def test_hnn_study_tiny_run_and_merge(tmp_path, capsys):
         hnn_run.run("spring", arm_keys=["c"], merge=True, **dict(args, steps=6))
     m = evaluation_method("implicit_midpoint")
     assert isinstance(m, tgi.CotangentLiftIntegrator) and m.solver == "newton" and m.alpha == 0.5
+    assert m.max_iter >= 400     # a stiff learned field needed 400 Newton iterations (pendulum, (c))
     assert evaluation_method("verlet") == "verlet"
 
 

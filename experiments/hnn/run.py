@@ -44,7 +44,10 @@ METRICS = ("state_mse", "energy_mse", "energy_drift", "eps_H", "eps_H_rel", "tra
 
 
 def _mean_se(values):
+    """Mean and standard error over the seeds whose rollout succeeded (finite values): a failed
+    rollout (inf) is counted in the report's "failed" column, not averaged in."""
     v = np.asarray([x for x in values if x is not None], dtype=float)
+    v = v[np.isfinite(v)]
     if v.size == 0:
         return None, None
     mean = float(v.mean())
@@ -55,8 +58,6 @@ def _mean_se(values):
 def _fmt(mean, se):
     if mean is None:
         return "—"
-    if not math.isfinite(mean):
-        return "diverged"
     return f"{mean:.3g} ± {se:.2g}" if math.isfinite(se) else f"{mean:.3g}"
 
 
@@ -130,6 +131,7 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
         rows = results[arm.key]
         summary[arm.key] = {m: dict(zip(("mean", "se"), _mean_se([r.get(m) for r in rows])))
                             for m in METRICS}
+        summary[arm.key]["failed_seeds"] = [r["seed"] for r in rows if "failed" in r]
     ratios = _ratios(summary, "a")
     ratios_fd = _ratios(summary, "a_fd")
 
@@ -204,21 +206,25 @@ def markdown(rep: dict) -> str:
              f"{rep['data']['eval_initial_conditions']} held-out initial conditions rolled out to "
              f"t = {rep['data']['horizon']:.3g}.  Mean ± s.e. over seeds; energy metrics use the true H.",
              "",
-             "| arm | evaluated by | state MSE | energy MSE | energy drift | ε_H | train s |",
-             "|---|---|---|---|---|---|---|"]
+             "Rollouts that failed (an implicit step with no solution, or a blow-up) are "
+             "counted under 'failed' and left out of that arm's means.",
+             "",
+             "| arm | evaluated by | state MSE | energy MSE | energy drift | ε_H | train s | failed |",
+             "|---|---|---|---|---|---|---|---|"]
     for key, arm in rep["arms"].items():
         s = arm["summary"]
         lines.append(f"| {arm['label']} | {arm['evaluation']} | " + " | ".join(
             _fmt(s[m]["mean"], s[m]["se"]) for m in ("state_mse", "energy_mse", "energy_drift",
-                                                     "eps_H", "train_seconds")) + " |")
+                                                     "eps_H", "train_seconds"))
+            + f" | {len(s.get('failed_seeds', []))}/{len(arm['per_seed'])} |")
     for field, base in (("ratios_to_a", "(a)"), ("ratios_to_a_fd", "(a′)")):
         if not rep.get(field):
             continue
-        lines += ["", f"Ratios to arm {base}, same run (ratio of the seed means; < 1: better than "
-                      f"{base}):", "",
+        lines += ["", f"Ratios to arm {base}, same run (ratio of the seed means, failed rollouts "
+                      f"left out; < 1: better than {base}):", "",
                   "| ratio | state MSE | energy MSE | energy drift | ε_H |", "|---|---|---|---|---|"]
         for name, r in rep[field].items():
-            cells = ["—" if r[m] is None else ("diverged" if not math.isfinite(r[m]) else f"{r[m]:.3g}")
+            cells = ["—" if r[m] is None else f"{r[m]:.3g}"
                      for m in ("state_mse", "energy_mse", "energy_drift", "eps_H")]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     failed = [(k, r["seed"], r["failed"]) for k, a in rep["arms"].items() for r in a["per_seed"] if "failed" in r]
