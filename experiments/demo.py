@@ -33,7 +33,6 @@ import torch  # noqa: E402
 import torchgeo_int as tgi  # noqa: E402
 from experiments.bench import common  # noqa: E402
 
-# (method, force evaluations per step); h = base_h × that count (implicit midpoint: × 1).
 # (method, force evaluations per step); h = base_h × that count, so that every fixed-step
 # method spends about one force evaluation per base_h (implicit midpoint: ≈ 8 fixed-point
 # evaluations a step at these h).

@@ -23,11 +23,11 @@ import torch
 from ..lifts import CotangentLift
 from ..maps import AlphaMap, DiscretizationMap
 from ..solvers import ConvergenceError, fixed_point, newton
+from .base import Integrator
 
 _NEWTON_HINT = ("the fixed-point iteration needs h·|∂X_H| small enough to contract: reduce h, or "
                 "solve the same equations by Newton: method=tgi.CotangentLiftIntegrator("
                 "tgi.AlphaMap({a}), solver='newton') (odeint: options['solver'] = 'newton')")
-from .base import Integrator
 
 
 class CotangentLiftIntegrator(Integrator):
