@@ -243,10 +243,13 @@ def plot(task, arms, keep, stem: Path):
     import matplotlib.pyplot as plt
 
     shown = [a for a in arms if keep.get(a.key) is not None]
-    n = len(shown)
-    fig, axes = plt.subplots(1, n, figsize=(3.0 * n, 3.0), squeeze=False)
+    cols = min(4, len(shown))
+    rows = math.ceil(len(shown) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 3.0 * rows), squeeze=False)
+    for ax in axes.flat[len(shown):]:
+        ax.set_visible(False)
     ics = range(min(3, task.q_eval.shape[0]))
-    for ax, arm in zip(axes[0], shown):
+    for ax, arm in zip(axes.flat, shown):
         q, p = keep[arm.key]
         for i in ics:
             if task.name == "twobody":
@@ -259,7 +262,8 @@ def plot(task, arms, keep, stem: Path):
                 ax.set_xlabel("$q$")
         ax.set_title(arm.label, fontsize=7)
         ax.set_aspect("equal", adjustable="datalim")
-    axes[0][0].set_ylabel("$y_1$" if task.name == "twobody" else "$p$")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("$y_1$" if task.name == "twobody" else "$p$")
     fig.suptitle(f"{task.name}: truth (grey) and rollouts (seed 0)", fontsize=9)
     fig.tight_layout()
     fig.savefig(stem.with_name(stem.name + "_phase.png"), dpi=120)
