@@ -4,6 +4,7 @@ Each runs its real code path at toy sizes into a temporary folder and checks wha
 property of its numbers that must hold at any size (no wall-clock assertions).
 """
 import json
+import math
 import pathlib
 import sys
 import types
@@ -194,3 +195,24 @@ def test_torchdiffeq_master_runs_our_side_and_says_why_not_theirs(tmp_path, caps
     assert by["verlet"]["evals_per_step"] < 3 < by["implicit_midpoint"]["evals_per_step"]
     with pytest.raises(SystemExit, match="no torchdiffeq/__init__.py"):
         torchdiffeq_master.main(["--torchdiffeq-src", str(tmp_path), "--out", str(tmp_path), *QUIET])
+
+
+def test_hnn_evaluate_records_a_failed_rollout(monkeypatch):
+    """A rollout whose implicit step has no solution is a failed seed (inf metrics, the reason,
+    no trajectory), and ε_H — a property of the learned H, not of its rollout — is still measured."""
+    from experiments.hnn import data as datasets
+    from experiments.hnn import train as hnn_train
+
+    task = datasets.spring(0)
+    arm = {a.key: a for a in hnn_train.arms(task)}["c"]
+    model = hnn_train.build_model(arm, task, width=8, depth=1)
+
+    def no_step(*args, **kwargs):
+        raise tgi.ConvergenceError("newton: did not converge", iterations=500, residual=0.5,
+                                   tol=1e-14, step=3)
+
+    monkeypatch.setattr(hnn_train, "rollout_model", no_step)
+    metrics, traj = hnn_train.evaluate(model, arm, task)
+    assert traj is None and "ConvergenceError" in metrics["failed"]
+    assert metrics["energy_mse"] == metrics["state_mse"] == float("inf")
+    assert math.isfinite(metrics["eps_H"]) and metrics["eps_H"] > 0

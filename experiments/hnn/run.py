@@ -292,7 +292,7 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, help="number of seeds (default 5, --quick 2)")
     ap.add_argument("--steps", type=int, help="gradient steps per arm")
     ap.add_argument("--batch-size", type=int, help="samples (points or windows) per step")
-    ap.add_argument("--arms", help="comma-separated subset of a,a_fd,b1,b5,b10,c,d")
+    ap.add_argument("--arms", help="comma-separated subset of a,a_fd,b1,b5,b10,c,c_ode,d")
     ap.add_argument("--b-model", choices=["auto", "hnn"], default="auto",
                     help="'hnn': arm (b) uses HNN + implicit midpoint even on separable tasks")
     ap.add_argument("--node-window", type=int, default=5)
