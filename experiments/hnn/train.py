@@ -171,8 +171,9 @@ def evaluate(model, arm: Arm, task: Task, *, substeps: int = 1):
         inf = float("inf")
         out = {"state_mse": inf, "energy_mse": inf, "energy_drift": inf,
                "failed": f"{type(err).__name__}: {err}"}
-        q = p = None
+        traj = None
     else:
+        traj = (q, p)
         out = {
             "state_mse": float(state_mse(q, p, task.q_eval, task.p_eval)),
             "energy_mse": float(energy_mse(H, q, p, task.q_eval, task.p_eval)),
@@ -183,4 +184,4 @@ def evaluate(model, arm: Arm, task: Task, *, substeps: int = 1):
         out["eps_H"] = float(hamiltonian_error(m64, H, task.q_points, task.p_points))
         out["eps_H_rel"] = float(hamiltonian_error(m64, H, task.q_points, task.p_points, relative=True))
     out["eval_seconds"] = time.perf_counter() - t0
-    return out, (None if q is None else (q, p))
+    return out, traj
