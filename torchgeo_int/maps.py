@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ._autograd import reaches_other_leaves
 from ._validate import check_pair
 
 Tensor = torch.Tensor
@@ -84,11 +85,14 @@ class DiscretizationMap(nn.Module):
     def jvp(self, x, v, dx, dv) -> tuple[Tensor, Tensor]:
         """DR_d(x, v)·(dx, dv), by the double-vjp identity J·t = ∂/∂u (Jᵀu · t) with plain
         autograd (torch.func.jvp costs ~5× more per call on CPU through its decompositions);
-        differentiable when grad mode is on.  Maps with a closed form override it."""
+        differentiable when grad mode is on and something it depends on requires grad (as
+        ``systems.grad_of``).  Maps with a closed form override it."""
         keep = torch.is_grad_enabled()
         with torch.enable_grad():
             xs = tuple(a if (keep and a.requires_grad) else a.detach().requires_grad_() for a in (x, v))
             out = self._forward(*xs)
+            if keep and not any(a.requires_grad for a in (x, v, dx, dv)):
+                keep = any(reaches_other_leaves(o, xs) for o in out)
             us = tuple(torch.zeros_like(o, requires_grad=True) for o in out)
             g = torch.autograd.grad(out, xs, us, create_graph=True, allow_unused=True)
             g = tuple(torch.zeros_like(a) if gi is None else gi for a, gi in zip(xs, g))

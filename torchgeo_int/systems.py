@@ -9,9 +9,9 @@ Every system gives the integrators the same small interface, in (q, p) kept apar
   p + a h F is one fused ``torch.add(p, force_term, alpha=force_sign·a·h)`` (for H = T + V the
   term is ∂V/∂q and the sign −1: no separate negation kernel on the hot path).
 
-Gradients of H come from autograd.  When grad mode is on they are taken with ``create_graph`` so a
-loss on a rollout differentiates through them (training HNNs); under ``torch.no_grad()`` they are
-computed on detached inputs and no graph is kept.
+Gradients of H come from autograd.  When grad mode is on and something they depend on requires
+grad they are taken with ``create_graph`` so a loss on a rollout differentiates through them
+(training HNNs); under ``torch.no_grad()``, or when nothing requires grad, no graph is kept.
 """
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ from typing import Callable
 
 import torch
 from torch import nn
+
+from ._autograd import reaches_other_leaves
 
 Tensor = torch.Tensor
 
@@ -41,13 +43,18 @@ def grad_of(fn: Callable[..., Tensor], inputs: tuple[Tensor, ...]) -> tuple[Tens
     """∇ of a per-sample scalar ``fn(*inputs)`` (shape = batch shape) w.r.t. each input.
 
     Samples are independent, so the gradient of the sum is the per-sample gradient.  The graph is
-    kept (create_graph) exactly when the caller has grad mode on."""
+    kept (create_graph) when the caller has grad mode on and the gradient can depend on something
+    that requires grad: an input that does, or a parameter / captured tensor that ``fn`` uses
+    (:func:`~torchgeo_int._autograd.reaches_other_leaves`).  Otherwise — a fixed H rolled out
+    without ``torch.no_grad()`` — no graph is built and the result does not require grad."""
     keep = torch.is_grad_enabled()
     with torch.enable_grad():
         xs = tuple(x if (keep and x.requires_grad) else x.detach().requires_grad_() for x in inputs)
         out = fn(*xs)
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"the energy function must return a tensor, got {type(out).__name__}")
+        if keep and not any(x.requires_grad for x in inputs):
+            keep = reaches_other_leaves(out, xs)
         grads = torch.autograd.grad(out.sum(), xs, create_graph=keep, allow_unused=True)
     return tuple(torch.zeros_like(x) if g is None else g for x, g in zip(xs, grads))
 
