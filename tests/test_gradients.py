@@ -432,3 +432,19 @@ def test_tangent_lift_jvp_builds_no_graph_for_a_fixed_map():
     assert not any(o.requires_grad for o in out)
     dx.requires_grad_()
     assert all(o.requires_grad for o in R.jvp(x, v, dx, dv))
+
+
+def test_lagrangian_second_derivatives_keep_a_graph_only_for_what_requires_grad():
+    from torchgeo_int.lagrangian import Lagrangian
+
+    def make(m):
+        return Lagrangian(lambda q, v: (0.5 * (m + q * q) * v * v - 0.5 * q * q).sum(-1))
+
+    q, v = torch.randn(5, 1, dtype=torch.float64), torch.randn(5, 1, dtype=torch.float64)
+    fixed = make(1.0)
+    assert not fixed.sode().acceleration(q, v).requires_grad
+    assert not fixed.velocity_hessian(q, v).requires_grad
+    m = torch.tensor(1.0, dtype=torch.float64, requires_grad=True)
+    acc = make(m).sode().acceleration(q, v)        # q̈ = (−q v² − q)/(m + q²)
+    (g,) = torch.autograd.grad(acc.sum(), m)
+    assert torch.allclose(g, ((q * v ** 2 + q) / (1 + q * q) ** 2).sum(), atol=1e-12)

@@ -10,7 +10,8 @@ r"""The Lagrangian side, on TQ: second-order systems, Lagrangians and discrete L
   discretization map R_d; :class:`ComposedDiscreteLagrangian` — L_d¹ + L_d² + … with the
   intermediate points solved for (Sect. 6).
 
-Gradients follow ``systems.py``: autograd, with ``create_graph`` exactly when grad mode is on.
+Gradients follow ``systems.py``: autograd, keeping a graph when grad mode is on and something they
+depend on requires grad (``systems.grad_of``).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from ._autograd import reaches_other_leaves
 from ._validate import check_pair
 from .maps import AdjointMap, AlphaMap, DiscretizationMap, RetractionMap
 from .solvers import ConvergenceError, newton
@@ -289,7 +291,10 @@ class Lagrangian(System):
         with torch.enable_grad():
             vv = v if (keep and v.requires_grad) else v.detach().requires_grad_()
             qq = q if keep else q.detach()
-            (Lv,) = torch.autograd.grad(self.L(qq, vv, t).sum(), vv, create_graph=True)
+            L = self.L(qq, vv, t).sum()
+            if keep and not (q.requires_grad or v.requires_grad):
+                keep = reaches_other_leaves(L, (vv,))
+            (Lv,) = torch.autograd.grad(L, vv, create_graph=True)
             return _rows(Lv, vv, keep)
 
     def check_regular(self, q, v, t=0.0) -> None:
@@ -345,10 +350,13 @@ class Lagrangian(System):
             with torch.enable_grad():
                 qq = q if (keep and q.requires_grad) else q.detach().requires_grad_()
                 vv = v if (keep and v.requires_grad) else v.detach().requires_grad_()
-                Lq, Lv = torch.autograd.grad(self.L(qq, vv).sum(), (qq, vv), create_graph=True)
+                L = self.L(qq, vv).sum()
+                if keep and not (q.requires_grad or v.requires_grad):
+                    keep = reaches_other_leaves(L, (qq, vv))
+                Lq, Lv = torch.autograd.grad(L, (qq, vv), create_graph=True)
                 # (∂²L/∂v∂q)·v = ∂/∂v (∂L/∂q · v̂) with v̂ held fixed: one reverse pass.
                 mixed = torch.autograd.grad((Lq * vv.detach()).sum(), vv, create_graph=keep,
-                                            allow_unused=True)[0]
+                                            retain_graph=True, allow_unused=True)[0]  # W next
                 mixed = torch.zeros_like(vv) if mixed is None else mixed
                 W = _rows(Lv, vv, keep)
                 rhs = Lq if keep else Lq.detach()

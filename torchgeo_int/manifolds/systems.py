@@ -10,7 +10,8 @@ A :class:`LieGroupSystem` gives the Lie-group integrators, for H(g, μ[, t]):
 * ``energy(g, μ, t)``.
 
 The default gradients come from autograd of H as a function of the ambient entries of g
-(f = vee(A − Aᵀ), A = gᵀ∂H/∂g on SO(3)), with ``create_graph`` when grad mode is on (learned H).
+(f = vee(A − Aᵀ), A = gᵀ∂H/∂g on SO(3)), by ``systems.grad_of``: with a graph when grad mode is on
+and H has something that requires grad (learned H).
 :class:`RigidBody` systems, H = ½⟨μ, 𝕀⁻¹μ⟩ + U(g), have ξ = 𝕀⁻¹μ independent of g, which the
 integrators use to halve the unknowns of the implicit step.
 
