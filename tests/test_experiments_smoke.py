@@ -216,3 +216,18 @@ def test_hnn_evaluate_records_a_failed_rollout(monkeypatch):
     assert traj is None and "ConvergenceError" in metrics["failed"]
     assert metrics["energy_mse"] == metrics["state_mse"] == float("inf")
     assert math.isfinite(metrics["eps_H"]) and metrics["eps_H"] > 0
+
+
+def test_demo_hnn_part_is_a_fixed_budget_and_repeats():
+    """The demo's HNN part trains every arm for the same seeded number of steps, so two runs give
+    the same numbers (a wall-clock budget gave a different ratio on every machine)."""
+    from experiments.hnn import demo_pendulum
+
+    runs = [demo_pendulum(steps=3, progress=False) for _ in range(2)]
+    for name in ("symplectic", "derivative_matching", "derivative_matching_fd"):
+        assert runs[0][name]["steps"] == 3
+        assert runs[0][name]["energy_mse"] == runs[1][name]["energy_mse"]
+    r = runs[0]
+    assert r["energy_mse_ratio"] == r["symplectic"]["energy_mse"] / r["derivative_matching"]["energy_mse"]
+    with pytest.raises(ValueError, match="steps"):
+        demo_pendulum(steps=0)
