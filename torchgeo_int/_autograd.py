@@ -35,3 +35,21 @@ def reaches_other_leaves(out: Tensor, own: tuple[Tensor, ...]) -> bool:
             continue
         stack.extend(nxt for nxt, _ in node.next_functions)
     return False
+
+
+def leaves_after(like: tuple[Tensor, ...], history: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """Zeros shaped like ``like`` that require grad, to differentiate *with respect to* (the
+    u of a double-vjp ∂/∂u (Jᵀu · t)), placed after every autograd node behind ``history``.
+
+    ``autograd.grad(outputs, inputs)`` visits the graph behind ``outputs`` down to the
+    topological number of its inputs only; a fresh leaf has number 0, so an output that also
+    depends on a rollout's state would have its whole history visited at every call (step k
+    costing O(k)).  Here each zero is ``zeros + 0·(a scalar of every history tensor)``: same
+    value, no gradient through it, but a node numbered after the history, which is then skipped.
+    With no history requiring grad these are plain leaves."""
+    hist = [t for t in history if isinstance(t, Tensor) and t.requires_grad]
+    if not hist:
+        return tuple(torch.zeros_like(o, requires_grad=True) for o in like)
+    # nan_to_num: 0·inf is NaN, and a zero must stay zero whatever the history holds
+    anchor = sum((t.reshape(-1)[:1].sum() * 0.0).nan_to_num(0.0, 0.0, 0.0) for t in hist)
+    return tuple(torch.zeros_like(o) + anchor.to(o.dtype) for o in like)

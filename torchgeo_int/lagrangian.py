@@ -316,12 +316,12 @@ class Lagrangian(System):
         """v with ∂L/∂v(q, v) = p: Newton from ``v0`` (default 0), differentiable (IFT)."""
         _check_state(q, p, ("q", "p"))
 
-        def residual(v):
+        def residual(v, q, p):   # (q, p): the solver's args (see solvers' note on args)
             return self.legendre(q, v, t) - p
 
         v0 = torch.zeros_like(p) if v0 is None else v0.detach()
         try:
-            return newton(residual, v0)
+            return newton(residual, v0, args=(q, p))
         except ConvergenceError:
             self.check_regular(q, v0, t)
             raise
@@ -532,7 +532,7 @@ class ComposedDiscreteLagrangian:
             return []
         c, a = self.fractions, self.starts
 
-        def residual(z):
+        def residual(z, q0, qs):   # (q0, qs): the solver's args (see solvers' note on args)
             pts = [q0, *z, qs]
             out = []
             for i in range(1, s):
@@ -543,7 +543,7 @@ class ComposedDiscreteLagrangian:
 
         if guess is None:
             guess = tuple((q0 + a[i] * (qs - q0)).detach() for i in range(1, s))
-        return list(newton(residual, tuple(guess)))
+        return list(newton(residual, tuple(guess), args=(q0, qs)))
 
     def __call__(self, q0, qs, h, t=0.0) -> Tensor:
         pts = [q0, *self.interior(q0, qs, h, t), qs]

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ._autograd import reaches_other_leaves
+from ._autograd import leaves_after, reaches_other_leaves
 from ._validate import check_pair
 
 Tensor = torch.Tensor
@@ -52,11 +52,12 @@ class DiscretizationMap(nn.Module):
     def _inverse(self, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
         from .solvers import newton  # solvers does not import maps; the late import keeps it light
 
-        def residual(z):
+        def residual(z, x0, x1):   # (x0, x1): the solver's args (see solvers' note on args)
             y0, y1 = self._forward(*z)
             return (y0 - x0, y1 - x1)
 
-        return newton(residual, ((x0 + x1) / 2, x1 - x0), max_iter=self.newton_max_iter)
+        return newton(residual, ((x0 + x1) / 2, x1 - x0), args=(x0, x1),
+                      max_iter=self.newton_max_iter)
 
     newton_max_iter: int = 50
 
@@ -93,7 +94,8 @@ class DiscretizationMap(nn.Module):
             out = self._forward(*xs)
             if keep and not any(a.requires_grad for a in (x, v, dx, dv)):
                 keep = any(reaches_other_leaves(o, xs) for o in out)
-            us = tuple(torch.zeros_like(o, requires_grad=True) for o in out)
+            # u ordered after the history of x, v, dx, dv: the second grad skips that history
+            us = leaves_after(out, (*out, dx, dv))
             g = torch.autograd.grad(out, xs, us, create_graph=True, allow_unused=True)
             g = tuple(torch.zeros_like(a) if gi is None else gi for a, gi in zip(xs, g))
             s = (g[0] * dx).sum() + (g[1] * dv).sum()

@@ -76,10 +76,12 @@ Memory-lean gradients (``options["grad"]``, :mod:`torchgeo_int.gradients`; the s
 ``tgi.rollout(..., grad=...)``): ``"checkpoint"`` keeps only segment boundaries (⌈√n⌉ steps per
 segment of each run of equal steps, or ``options["segment"]``) and recomputes each segment in
 backward — the backprop gradient of the same discrete map, any geometric method;
-``"reversible"`` reconstructs the states backwards with the −h step (symmetric explicit methods —
-verlet and its compositions — on a separable field: ``options["separable"] = True``, or a
-separable ``options["hamiltonian"]``): graph memory independent of the number of steps,
-gradient exact up to the round-off of that reconstruction (a ``RuntimeWarning`` when the
+``"reversible"`` reconstructs the states backwards with the −h step (symmetric methods of
+(q, p): verlet and its compositions — explicit on a separable field, ``options["separable"] =
+True`` or a separable ``options["hamiltonian"]``, else the generalized leapfrog —, implicit
+midpoint and its compositions): graph memory independent of the number of steps, gradient
+exact up to the round-off (and, for implicit steps, the solver tolerance) of that
+reconstruction (a ``RuntimeWarning`` when the
 reconstructed start is off by more than ``reconstruction_tol``).  The outputs at every t are
 stored in all modes.  The lean modes differentiate y0 and the parameters of ``func`` (or of
 ``options["hamiltonian"]``) when it is an ``nn.Module`` or a method of one; any other tensor
@@ -105,6 +107,7 @@ from torchdiffeq._impl.odeint import SOLVERS as _TORCHDIFFEQ_SOLVERS
 
 from .integrators import METHODS, Composition, CotangentLiftIntegrator, Integrator
 from .integrators.first_order import FIRST_ORDER_METHODS, FirstOrderIntegrator, theta
+from .gradients import not_reversible
 from .rollout import GRAD_MODES, run_loop
 from .solvers import default_tol
 from .systems import Hamiltonian, ODESystem, VectorFieldSystem, grad_of
@@ -345,10 +348,8 @@ def _geometric_odeint(func, y0, t, *, rtol, atol, method, options, event_fn):
     state = _PartitionedState(y0, options.get("split"), batch_dims)
     system = _system_for(compile, kind, func, options, state, y0, caller,
                          lambda: _partitioned_system(func, caller, state, options))
-    if grad == "reversible" and not (integrator.symmetric and integrator.splitting()
-                                     and system.separable):
-        why = ("the field is not declared separable (options['separable'] = True)"
-               if not system.separable else "it is not a symmetric explicit (kick/drift) method")
+    why = not_reversible(integrator, system) if grad == "reversible" else None
+    if why:
         raise ValueError(_not_reversible(integrator, why))
     Q, P = _integrate(integrator, system, (state.q0, state.p0), times, step_size, t.dtype,
                       grad, grad_options, compile)
@@ -380,9 +381,10 @@ def _system_for(compile, kind, func, options, state, y0, caller, build):
 
 
 def _not_reversible(integrator, why):
-    return (f"options['grad'] = 'reversible' needs a symmetric explicit method (verlet and its "
-            f"compositions: yoshida4, suzuki4, ...) on a separable field; {integrator.name!r} "
-            f"cannot: {why}.  Use options['grad'] = 'checkpoint' (exact, O(√steps) memory).")
+    return (f"options['grad'] = 'reversible' needs a symmetric method of (q, p) (verlet and its "
+            f"compositions: yoshida4, suzuki4, ...; implicit midpoint and its compositions); "
+            f"{integrator.name!r} cannot: {why}.  Use options['grad'] = 'checkpoint' (exact, "
+            f"O(√steps) memory).")
 
 
 def _grad_options(options):

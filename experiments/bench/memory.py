@@ -1,6 +1,6 @@
 """Peak memory and time of one HNN training step through a long rollout, per gradient mode.
 
-    OMP_NUM_THREADS=1 python -m experiments.bench.memory [--quick] [--mem-cap-gib 12]
+    OMP_NUM_THREADS=1 python -m experiments.bench.memory [--quick] [--implicit] [--mem-cap-gib 12]
 
 Each (mode, steps) runs in a fresh subprocess (one forward + backward of a loss on the final
 state, batch 1024 — 256 with --quick —, float32, a separable MLP Hamiltonian, h = 0.01) and
@@ -21,6 +21,11 @@ Modes: ``tgi.rollout(grad=backprop|checkpoint|reversible)`` (verlet), ``tgi.odei
 ``odeint`` (rk4, backprop) / ``odeint_adjoint`` (rk4) on the same Hamiltonian's field.
 Also measures the reversible reconstruction error |x̂₀ − x₀| after N steps forward and N back
 (float64 and float32).  Writes results/bench/memory.{md,json,png}.
+
+``--implicit``: the same for implicit midpoint on a non-separable MLP Hamiltonian H_θ(q, p)
+(2·2→64→64→1, h = 0.01), modes ``implicit_backprop|implicit_checkpoint|implicit_reversible``
+at 100/300/1000 steps, and the reconstruction error of the −h solves.  Writes
+results/bench/memory_implicit.{md,json}.
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ import time
 RESULTS = pathlib.Path("results/bench")
 MODES = ["backprop", "checkpoint", "reversible", "odeint_checkpoint", "odeint_reversible",
          "torchdiffeq", "torchdiffeq_adjoint"]
+IMPLICIT_MODES = ["implicit_backprop", "implicit_checkpoint", "implicit_reversible"]
 
 
 class SavedTensorMeter:
@@ -93,15 +99,29 @@ class _Held:
         self.meter._release(self.key)
 
 
-def build(batch, device, dtype):
+def build(batch, device, dtype, separable=True):
     import torch
     from torch import nn
 
     import torchgeo_int as tgi
 
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(2, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1))
+    n_in = 2 if separable else 4
+    net = nn.Sequential(nn.Linear(n_in, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1))
     net = net.to(device=device, dtype=dtype)
+    if not separable:
+        class MLPHamiltonian(tgi.Hamiltonian):   # H = ½|p|² + ½|q|² + 0.1·MLP(q, p)
+            def __init__(self):
+                super().__init__()
+                self.net = net
+
+            def hamiltonian(self, q, p):
+                z = torch.cat([q, p], -1)
+                return 0.5 * (z * z).sum(-1) + 0.1 * self.net(z).squeeze(-1)
+
+        q0 = torch.randn(batch, 2, device=device, dtype=dtype)
+        p0 = torch.randn(batch, 2, device=device, dtype=dtype)
+        return MLPHamiltonian(), net, q0, p0
 
     class Potential(nn.Module):   # a module, so the lean gradient modes find its parameters
         def __init__(self):
@@ -124,7 +144,8 @@ def one_step(mode, steps, batch, device, dtype_name):
     import torchgeo_int as tgi
 
     dtype = getattr(torch, dtype_name)
-    system, net, q0, p0 = build(batch, device, dtype)
+    implicit = mode.startswith("implicit_")
+    system, net, q0, p0 = build(batch, device, dtype, separable=not implicit)
     h = 0.01
     if device == "cuda":
         torch.cuda.synchronize()
@@ -133,7 +154,11 @@ def one_step(mode, steps, batch, device, dtype_name):
     t0 = time.perf_counter()
     meter = SavedTensorMeter()
     with meter:
-        if mode.startswith("torchdiffeq"):
+        if implicit:
+            qs, ps = tgi.rollout(system, q0, p0, h=h, steps=steps, method="implicit_midpoint",
+                                 grad=mode.split("_", 1)[1], save_every=steps)
+            q, p = qs[-1], ps[-1]
+        elif mode.startswith("torchdiffeq"):
             import torchdiffeq
 
             class F(torch.nn.Module):
@@ -196,18 +221,21 @@ def run_child(mode, steps, batch, device, dtype_name, cap_gib):
                        + "\n".join(err[-5:]))
 
 
-def reconstruction_error(steps_list, dtype_name):
+def reconstruction_error(steps_list, dtype_name, method="verlet"):
+    """max|x̂₀ − x₀| after n steps of h and n of −h (verlet: the separable MLP H; implicit
+    midpoint: the non-separable one, each −h step a solve to the default tolerance)."""
     import torch
 
     import torchgeo_int as tgi
 
     dtype = getattr(torch, dtype_name)
-    system, _, q0, p0 = build(64, "cpu", dtype)
+    system, _, q0, p0 = build(64, "cpu", dtype, separable=method == "verlet")
     out = []
     with torch.no_grad():
         for n in steps_list:
-            q, p = tgi.rollout(system, q0, p0, h=0.01, steps=n, save_every=n)
-            qb, pb = tgi.rollout(system, q[-1], p[-1], h=-0.01, steps=n, save_every=n)
+            q, p = tgi.rollout(system, q0, p0, h=0.01, steps=n, save_every=n, method=method)
+            qb, pb = tgi.rollout(system, q[-1], p[-1], h=-0.01, steps=n, save_every=n,
+                                 method=method)
             err = torch.maximum((qb[-1] - q0).abs().max(), (pb[-1] - p0).abs().max())
             out.append(dict(steps=n, dtype=dtype_name, max_abs_error=float(err)))
     return out
@@ -219,12 +247,12 @@ def _cell(r):
     return f"{r['graph_mib']:.1f} / {r['peak_mib']:.0f} / {r['seconds']:.1f}"
 
 
-def table(rows, recon, steps_list, batch, device, cap_gib):
-    lines = [f"Memory of one training step (verlet, batch {batch}, float32, {device}), "
+def table(rows, recon, steps_list, batch, device, cap_gib, modes=MODES, method="verlet"):
+    lines = [f"Memory of one training step ({method}, batch {batch}, float32, {device}), "
              "per cell: peak autograd graph MiB / peak RSS rise MiB / seconds:", "",
              "| mode | " + " | ".join(f"{n} steps" for n in steps_list) + " |",
              "|---|" + "---|" * len(steps_list)]
-    for m in MODES:
+    for m in modes:
         cells = [_cell(next(r for r in rows if r["mode"] == m and r["steps"] == n))
                  for n in steps_list]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
@@ -241,6 +269,8 @@ def table(rows, recon, steps_list, batch, device, cap_gib):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--implicit", action="store_true",
+                    help="implicit midpoint on a non-separable H instead of verlet")
     ap.add_argument("--child", nargs=5, metavar=("MODE", "STEPS", "BATCH", "DEVICE", "DTYPE"))
     ap.add_argument("--mem-cap-gib", type=float, default=12.0,
                     help="address-space cap of each child on CPU (default 12)")
@@ -255,6 +285,8 @@ def main(argv=None):
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.implicit:
+        return main_implicit(args, device)
     steps_list = [100, 300, 1000] if args.quick else [100, 1000, 10000]
     batch = 256 if args.quick else 1024  # big enough that the graph, not allocator noise, dominates RSS
     rows = []
@@ -291,6 +323,27 @@ def main(argv=None):
         fig.savefig(RESULTS / "memory.png", dpi=120)
     except ImportError:
         pass
+
+
+def main_implicit(args, device):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        tqdm = lambda x, **k: x  # noqa: E731
+    steps_list = [30, 100] if args.quick else [100, 300, 1000]
+    batch = 256 if args.quick else 1024
+    rows = [run_child(m, n, batch, device, "float32", args.mem_cap_gib)
+            for n, m in tqdm([(n, m) for n in steps_list for m in IMPLICIT_MODES], desc="memory")]
+    lengths = [100, 1000] if args.quick else [100, 1000, 10000]
+    recon = (reconstruction_error(lengths, "float64", "implicit_midpoint")
+             + reconstruction_error(lengths, "float32", "implicit_midpoint"))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    text = table(rows, recon, steps_list, batch, device, args.mem_cap_gib, IMPLICIT_MODES,
+                 "implicit midpoint, a non-separable MLP Hamiltonian")
+    print(text)
+    (RESULTS / "memory_implicit.md").write_text(f"# Memory per training step, implicit midpoint\n\n{text}\n")
+    (RESULTS / "memory_implicit.json").write_text(json.dumps(
+        dict(rows=rows, reconstruction=recon, batch=batch, device=device), indent=1))
 
 
 if __name__ == "__main__":

@@ -88,16 +88,24 @@ class CotangentLiftIntegrator(Integrator):
         a = self.alpha
         tb = t + a * h
 
-        def stage(k):   # fused adds: one kernel each
+        # (q, p) go in as the solver's args, not captured: its ∂/∂k calls then skip their history
+        def stage(k, q, p):   # fused adds: one kernel each
             return system.vector_field(torch.add(q, k[0], alpha=a * h),
                                        torch.add(p, k[1], alpha=(1.0 - a) * h), tb)
 
-        k0 = cache if cache is not None else tuple(x.detach() for x in system.vector_field(q, p, t))
+        def residual(k, q, p):
+            return tuple(ki - si for ki, si in zip(k, stage(k, q, p)))
+
+        if cache is not None:
+            k0 = cache
+        else:
+            with torch.no_grad():   # a guess: no graph
+                k0 = system.vector_field(q, p, t)
         if self.solver == "newton":
-            k = newton(lambda k_: tuple(ki - si for ki, si in zip(k_, stage(k_))), k0, **self._options())
+            k = newton(residual, k0, args=(q, p), **self._options())
         else:
             try:
-                k = fixed_point(stage, k0, **self._options())
+                k = fixed_point(stage, k0, args=(q, p), **self._options())
             except ConvergenceError as err:
                 # No contraction (h·|∂X_H| too large, e.g. a stiff learned field: it stalls or
                 # blows up): say how to get Newton's method on the same equations.
@@ -111,12 +119,13 @@ class CotangentLiftIntegrator(Integrator):
         n = q.shape[-1]
         tb = t + getattr(self.R, "alpha", 0.5) * h
 
-        def residual(z):
+        def residual(z, xk):
             base, tangent = self._lift._inverse(xk, torch.cat(z, -1))
             dq, dp = system.vector_field(base[..., :n], base[..., n:], tb)
             return tangent[..., :n] - h * dq, tangent[..., n:] - h * dp
 
-        dq, dp = system.vector_field(q, p, t)
-        z0 = ((q + h * dq).detach(), (p + h * dp).detach())  # explicit Euler guess
-        q1, p1 = newton(residual, z0, **self._options())
+        with torch.no_grad():   # the explicit Euler guess: no graph
+            dq, dp = system.vector_field(q, p, t)
+            z0 = (q + h * dq, p + h * dp)
+        q1, p1 = newton(residual, z0, args=(xk,), **self._options())
         return q1, p1, None

@@ -175,48 +175,53 @@ class FirstOrderIntegrator(Integrator):
             return x + h * _field(system, t, x), None, None
         tb = t + a * h
 
-        def stage(k):
+        # x goes in as the solver's args, not captured: its ∂/∂k calls then skip x's history
+        def stage(k, x):
             return _field(system, tb, x + (a * h) * k)
 
-        k0 = cache if cache is not None else _field(system, t, x).detach()
+        k0 = self._guess(system, x, t, cache)
         if self.solver == "newton":
-            k = newton(lambda k_: k_ - stage(k_), k0, **self._options())
+            k = newton(lambda k_, x: k_ - stage(k_, x), k0, args=(x,), **self._options())
         else:
-            k = fixed_point(stage, k0, **self._options())
+            k = fixed_point(stage, k0, args=(x,), **self._options())
         # The stage derivative is the warm start of the next solve (no graph needed for a guess).
         return x + h * k, None, k.detach()
 
     def _guess(self, system, x, t, cache):
-        return cache if cache is not None else _field(system, t, x).detach()
+        if cache is not None:
+            return cache
+        with torch.no_grad():   # a guess: no graph
+            return _field(system, t, x)
 
-    def _solve(self, residual, z0):
+    def _solve(self, residual, z0, x):
         # The residuals below have Jacobian I + O(h), so z <- z - r(z) is a contraction for
         # small h (the α-family's own iteration, in other coordinates); Newton for stiff fields.
+        # x (the state) is the solver's args: see solvers' note on args.
         if self.solver == "newton":
-            return newton(residual, z0, **self._options())
-        return fixed_point(lambda z: z - residual(z), z0, **self._options())
+            return newton(residual, z0, args=(x,), **self._options())
+        return fixed_point(lambda z, x: z - residual(z, x), z0, args=(x,), **self._options())
 
     def _base_step(self, system, x, t, h, cache):
         a = getattr(self.R, "alpha", 0.5)
         tb = t + a * h
         fwd, first = self.R._forward, _first_component(self.R)
 
-        def residual(z):
+        def residual(z, x):
             lhs = first(z, h * _field(system, tb, z))
             return lhs - x + (z - first(z, torch.zeros_like(z)))
 
-        z = self._solve(residual, (x + (a * h) * self._guess(system, x, t, cache)).detach())
+        z = self._solve(residual, (x + (a * h) * self._guess(system, x, t, cache)).detach(), x)
         k = _field(system, tb, z)
         return fwd(z, h * k)[1], None, k.detach()
 
     def _inverse_step(self, system, x, t, h, cache):
         tb = t + getattr(self.R, "alpha", 0.5) * h
 
-        def residual(x1):
+        def residual(x1, x):
             xb, v = self.R._inverse(x, x1)
             return v - h * _field(system, tb, xb)
 
-        x1 = self._solve(residual, (x + h * self._guess(system, x, t, cache)).detach())
+        x1 = self._solve(residual, (x + h * self._guess(system, x, t, cache)).detach(), x)
         return x1, None, ((x1 - x) / h).detach()
 
 

@@ -215,13 +215,15 @@ class SODEIntegrator(Integrator):
         xk = torch.cat([q, v], -1)
         rhs = _forward_on_tq(R, xk, torch.cat([h * v, h * a], -1))[1]
 
-        def residual(z):
+        # What the residuals read of the current state goes in as the solver's args (not
+        # captured): the solver's ∂/∂z calls then skip its history (see solvers' note on args).
+        def residual(z, rhs):
             q1, v1 = z
             lhs = _forward_on_tq(R, torch.cat(z, -1), torch.cat([h * v1, h * acc(q1, v1, t + h)], -1))[0]
             return _split(lhs - rhs)
 
         z0 = ((q + h * v).detach(), (v + h * a).detach())
-        q1, v1 = newton(residual, z0, **self._options())
+        q1, v1 = newton(residual, z0, args=(rhs,), **self._options())
         a1 = acc(q1, v1, t + h)
         return q1, v1, SODECache(a1)
 
@@ -233,11 +235,11 @@ class SODEIntegrator(Integrator):
             qb, vb = z
             return _forward_on_tq(R, torch.cat(z, -1), torch.cat([h * vb, h * acc(qb, vb, tb)], -1))
 
-        def residual(z):
+        def residual(z, xk):
             return _split(halves(z)[0] - xk)
 
         z0 = cache.stage if isinstance(cache, _BaseCache) else (q.detach(), v.detach())
-        zb = newton(residual, z0, **self._options())
+        zb = newton(residual, z0, args=(xk,), **self._options())
         q1, v1 = _split(halves(zb)[1])
         return q1, v1, _BaseCache(zb)
 
@@ -287,7 +289,7 @@ class TangentLiftSODE(SODEIntegrator):
         if a == 0.0:  # explicit Euler on TQ
             return q + h * v, v + h * acc(q, v, t), None
 
-        def stage(k):  # k = (v̄, F(q̄, v̄))
+        def stage(k, q, v):  # k = (v̄, F(q̄, v̄)); (q, v) are the solver's args
             vb = v + (a * h) * k[1]
             return vb, acc(q + (a * h) * k[0], vb, tb)
 
@@ -297,9 +299,10 @@ class TangentLiftSODE(SODEIntegrator):
             with torch.no_grad():
                 k0 = (v.detach(), acc(q, v, t).detach())
         if self.solver == "newton":
-            k = newton(lambda k_: tuple(x - y for x, y in zip(k_, stage(k_))), k0, **self._options())
+            k = newton(lambda k_, q, v: tuple(x - y for x, y in zip(k_, stage(k_, q, v))), k0,
+                       args=(q, v), **self._options())
         else:
-            k = fixed_point(stage, k0, **self._options())
+            k = fixed_point(stage, k0, args=(q, v), **self._options())
         return q + h * k[0], v + h * k[1], _StageCache(k)
 
 
@@ -367,14 +370,15 @@ class Newmark(SODEIntegrator):
         if self.is_explicit(system):
             a1 = acc(qp, cv, t1) if _velocity_dependent(system) else acc(qp, None, t1)
         else:
-            def corrected(a_):
+            def corrected(a_, qp, cv):   # (qp, cv): the solver's args
                 return acc(qp + bh2 * a_, cv + gh * a_, t1)
 
             a0 = a.detach()
             if self.solver == "newton":
-                a1 = newton(lambda a_: a_ - corrected(a_), a0, **self._options())
+                a1 = newton(lambda a_, qp, cv: a_ - corrected(a_, qp, cv), a0, args=(qp, cv),
+                            **self._options())
             else:
-                a1 = fixed_point(corrected, a0, **self._options())
+                a1 = fixed_point(corrected, a0, args=(qp, cv), **self._options())
         return qp + bh2 * a1, cv + gh * a1, SODECache(a1)
 
 
@@ -442,24 +446,24 @@ class DiscreteSODE(Integrator):
             if a == 0.0:
                 return q, q + second, None
 
-            def residual(q1):
+            def residual(q1, q, second):   # (q, second): the solver's args
                 return q1 - q - second - a * h * h * acc((1 - a) * q + a * q1, (q1 - q) / h, t_new)
 
-            q1 = newton(residual, (q + second).detach(), **self._options())
+            q1 = newton(residual, (q + second).detach(), args=(q, second), **self._options())
             return q, q1, None
         # The base of the old pair is the one solved for in the previous step (no R_d⁻¹ solve);
         # it keeps its graph, because v_k depends on it.
         pair = cache.pair if isinstance(cache, _PairCache) else None
         vk = self._end_velocity(acc, q_prev, q, t, h, pair)
 
-        def residual(z):
+        def residual(z, q, vk):   # (q, vk): the solver's args
             qb, w = z
             y0 = self.R._forward(qb, w)[0]
             u0 = self.R.jvp(qb, w, w / h, h * acc(qb, w / h, t_new))[0]
             return y0 - q, u0 - vk
 
         w0 = (h * vk).detach()
-        qb, w = newton(residual, (q.detach() + a * w0, w0), **self._options())
+        qb, w = newton(residual, (q.detach() + a * w0, w0), args=(q, vk), **self._options())
         return q, self.R._forward(qb, w)[1], _PairCache((qb, w))
 
 

@@ -153,7 +153,7 @@ class VariationalIntegrator(Integrator):
         terms = [DiscreteLagrangian(L, R) for R in self.maps]
         c, a = self.fractions, self.starts
 
-        def stages(z):
+        def stages(z, q):
             """Per stage: (end point, D₁L_d, D₂L_d, extra residual or None)."""
             out, start = [], q
             for i, (term, R) in enumerate(zip(terms, self.maps)):
@@ -169,8 +169,8 @@ class VariationalIntegrator(Integrator):
                 start = end
             return out
 
-        def residual(z):
-            st = stages(self._unflat(z))
+        def residual(z, q, p):   # (q, p): the solver's args (see solvers' note on args)
+            st = stages(self._unflat(z), q)
             res, prev_D2 = [], p  # p₀ + D₁L_d¹ = 0, then D₂L_d^{i−1} + D₁L_dⁱ = 0
             for i, (_, D1, D2, extra) in enumerate(st):
                 res.append(prev_D2 + D1 if i else p + D1)
@@ -187,8 +187,8 @@ class VariationalIntegrator(Integrator):
             else:
                 z0 += [(start + base_fraction(R) * w).detach(), w.detach()]
             start = start + w
-        z = newton(residual, tuple(z0), **self._options())
-        st = stages(self._unflat(z))
+        z = newton(residual, tuple(z0), args=(q, p), **self._options())
+        st = stages(self._unflat(z), q)
         return st[-1][0], st[-1][2]
 
     def _unflat(self, z):

@@ -107,14 +107,16 @@ class LieGroupIntegrator(Integrator):
             opts["max_iter"] = self.max_iter
         return opts
 
-    def _solve(self, F, z0):
+    def _solve(self, F, z0, args):
+        """z = F(z, *args); ``args`` holds the state F reads (see solvers' note on args)."""
         if self.solver == "newton":
             opts = self._opts()
             opts.pop("check_every")
             if isinstance(z0, tuple):
-                return newton(lambda z: tuple(a - b for a, b in zip(z, F(z))), z0, **opts)
-            return newton(lambda z: z - F(z), z0, **opts)
-        return fixed_point(F, z0, **self._opts())
+                return newton(lambda z, *s: tuple(a - b for a, b in zip(z, F(z, *s))), z0,
+                              args=args, **opts)
+            return newton(lambda z, *s: z - F(z, *s), z0, args=args, **opts)
+        return fixed_point(F, z0, args=args, **self._opts())
 
     def adjoint(self):
         return LieGroupIntegrator(self.tau_name, 1.0 - self.alpha, solver=self.solver,
@@ -139,18 +141,18 @@ class LieGroupIntegrator(Integrator):
                 and a == 0.5):
             return self._rigid_cayley_step(system, g, mu, t, h, cache)
         if system.rigid:
-            def F(mb):
+            def F(mb, g, mu):
                 V = h * system.velocity(mb)
                 f = -system.torque(group.right_tau(g, tau, a * V), tb)
                 u = tau.coad_inv(-a * V, mu)
                 return _mu_bar(tau, a, V, u, u - h * f)
 
-            mb = self._solve(_preconditioned(F, system, group, mu, h), _guess(cache, h, mu))
+            mb = self._solve(_preconditioned(F, system, group, h), _guess(cache, h, mu), (g, mu))
             V = h * system.velocity(mb)
             f = -system.torque(group.right_tau(g, tau, a * V), tb)
             new_cache = _new_cache(cache, h, mb)
         else:
-            def F(z):
+            def F(z, g, mu):
                 xi, mb = z
                 V = h * xi
                 f, xi_new = system.gradients(group.right_tau(g, tau, a * V), mb, tb)
@@ -160,7 +162,7 @@ class LieGroupIntegrator(Integrator):
             z0 = _guess(cache, h, None)
             if z0 is None or not isinstance(z0, tuple):
                 z0 = (system.gradients(g, mu, t)[1].detach(), mu.detach())
-            xi, mb = self._solve(F, z0)
+            xi, mb = self._solve(F, z0, (g, mu))
             V = h * xi
             f, _ = system.gradients(group.right_tau(g, tau, a * V), mb, tb)
             new_cache = _new_cache(cache, h, (xi, mb))
@@ -201,47 +203,47 @@ class LieGroupIntegrator(Integrator):
             X = so3.hat(x)
             return s.unsqueeze(-1) * torch.add(X, X @ X, alpha=0.5)
 
-        def torque(x, s):
+        def torque(x, s, g, gamma):
             if heavy:   # Γ̄ = ḡᵀe₃ = cay(−x) Γ_k: a vector rotation instead of ḡ
                 return -system.mgl * torch.linalg.cross(system.com.to(mu.dtype).expand_as(gamma),
                                                         rot_minus(x, s, gamma), dim=-1)
             return system.torque(g + g @ half_cay(x, s), tb)
 
-        def F(mb):
+        def F(mb, g, mu, gamma):   # the state (g, μ, Γ) goes in as the solver's args
             x = half(mb)
             s = s_of(x)
             u = rot_minus(x, s, mu)
             if free:
                 return s * u
-            T = torque(x, s)
+            T = torque(x, s, g, gamma)
             return (0.5 * s) * torch.add(torch.add(u, T, alpha=h).add_(u),
                                          torch.linalg.cross(x, T, dim=-1), alpha=-0.5 * h)
 
-        def G(mb):  # the O(h²)-contraction preconditioner of _preconditioned, inlined
-            r = F(mb) - mb
+        def G(mb, g, mu, gamma):  # the O(h²)-contraction preconditioner of _preconditioned, inlined
+            r = F(mb, g, mu, gamma) - mb
             return torch.add(mb + r, torch.linalg.cross(mu, half(r), dim=-1))
 
-        mb = self._solve(G, _guess(cache, h, mu))
+        mb = self._solve(G, _guess(cache, h, mu), (g, mu, gamma))
         x = half(mb)
         s = s_of(x)
         w = rot_minus(x, s, mu)
         if not free:
-            w = torch.add(w, torque(x, s), alpha=h)
+            w = torch.add(w, torque(x, s, g, gamma), alpha=h)
         mu1 = rot_minus(x, s, w)
         K1 = half_cay(x, s)
         g1 = g + g @ torch.add(K1 @ K1, K1, alpha=2.0)
         return g1, mu1, _new_cache(cache, h, mb)
 
 
-def _preconditioned(F, system, group, mu, h):
+def _preconditioned(F, system, group, h):
     r"""z ↦ z + (I + A)(F(z) − z) with A r = (h/2) ad*_{𝕀⁻¹r} μ_k.
 
     For H = ½μᵀ𝕀⁻¹μ + U(g), F(μ̄) = μ_k + (h/2) ad*_{𝕀⁻¹μ̄} μ_k + O(h²) for every α (the α-terms
     of u and of the dτ-weights cancel at first order), so I + A ≈ (I − J_F)⁻¹: the iteration has
     the same fixed points and implicit-function gradients, but contracts by O(h²) per iteration
     instead of O(h)."""
-    def G(z):
-        r = F(z) - z
+    def G(z, g, mu):
+        r = F(z, g, mu) - z
         return z + r + (0.5 * h) * group.ad_star(system.velocity(r), mu)
 
     return G

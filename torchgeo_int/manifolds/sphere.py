@@ -172,7 +172,7 @@ class SphereODEIntegrator(Integrator):
             return R._R(x, h * X(x, t)), None, None
         tb = t + a * h
 
-        def F(w):
+        def F(w, x):   # x: the solver's args (see solvers' note on args)
             y = R._R(x, w)
             xb, v = R._inverse(x, y)
             return project(x, w - (v - h * X(xb, tb)))
@@ -181,5 +181,5 @@ class SphereODEIntegrator(Integrator):
         if self.max_iter is not None:
             opts["max_iter"] = self.max_iter
         w0 = h * X(x, t) if cache is None else project(x, cache)
-        w = fixed_point(F, w0.detach() if cache is None else w0, **opts)
+        w = fixed_point(F, w0.detach() if cache is None else w0, args=(x,), **opts)
         return R._R(x, w), None, w.detach()
