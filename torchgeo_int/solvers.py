@@ -225,6 +225,8 @@ def _detached(args):
     """``args`` with its tensors detached: what ∂/∂z needs, without their history."""
     if not isinstance(args, tuple):
         raise TypeError(f"args must be a tuple, got {type(args).__name__}")
+    if not torch.is_grad_enabled():  # no graph to cut: skip the kernels (inference rollouts)
+        return args
     return tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
 
 
