@@ -85,6 +85,42 @@ def test_compiled_rollout_macro_steps_match_eager():
                              steps=200, save_every=4, check_every=64, block=4)
 
 
+def test_batch_inner_layout():
+    """batch_inner: same shape and values, dim 0 as the stride-1 axis; small batches and wide
+    states left as they are."""
+    n = _compile.LAYOUT_MIN_BATCH
+    x = torch.randn(n, 5, 3, dtype=torch.float64)
+    y = _compile.batch_inner(x)
+    assert y.shape == x.shape and torch.equal(y, x) and y.stride() == (1, 3 * n, n)
+    for small in (torch.randn(n - 1, 2), torch.randn(n, _compile.LAYOUT_MAX_EVENT + 1),
+                  torch.randn(n), None):
+        assert _compile.batch_inner(small) is small
+    assert _compile._row_major([y, None, (y,)])[0].is_contiguous()
+
+
+def test_macro_blocks_run_batch_innermost_and_return_row_major(monkeypatch):
+    """A macro block gets the state batch-innermost (inductor vectorises over the trajectories)
+    and the rollout still returns contiguous states equal to the eager ones."""
+    monkeypatch.setattr(_compile, "LAYOUT_MIN_BATCH", 2)
+    seen = []
+    traced = _compile._traced
+
+    def spy(call, q, *args):
+        seen.append(q.stride())
+        return traced(call, q, *args)
+
+    monkeypatch.setattr(_compile, "_traced", spy)
+    system = kepler(separable=True, analytic=True)
+    q0, p0 = _batch(n=5)
+    with torch.no_grad():
+        qc, pc = compiled_rollout(tgi.METHODS["yoshida4"], system, q0, p0, h=0.01, steps=48,
+                                  save_every=12, block=4)
+        qe, pe = tgi.rollout(system, q0, p0, h=0.01, steps=48, method="yoshida4", save_every=12)
+    assert seen and all(s == (1, 5) for s in seen)
+    assert qc.is_contiguous() and pc.is_contiguous()
+    assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
+
+
 def _graphs():
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
