@@ -121,6 +121,28 @@ def test_macro_blocks_run_batch_innermost_and_return_row_major(monkeypatch):
     assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
 
 
+def test_macro_blocks_fall_back_to_row_major_for_a_system_that_needs_it(monkeypatch):
+    """A force written with .view() cannot take the batch-innermost layout: the block is compiled
+    on the row-major one instead, without a warning, and still equals eager."""
+    monkeypatch.setattr(_compile, "LAYOUT_MIN_BATCH", 2)
+
+    def force(q):
+        flat = q.view(-1)      # needs a contiguous q
+        return (flat / (flat * flat + 1.0)).view(q.shape)
+
+    system = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1),
+                                      lambda q: 0.5 * torch.log1p(q * q).sum(-1),
+                                      kinetic_grad=lambda p: p, potential_grad=force)
+    q0, p0 = _batch(n=4)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        qc, pc = compiled_rollout(tgi.METHODS["verlet"], system, q0, p0, h=0.05, steps=16,
+                                  save_every=8, block=4)
+        qe, pe = tgi.rollout(system, q0, p0, h=0.05, steps=16, method="verlet", save_every=8)
+    assert _compile._kernels(tgi.METHODS["verlet"], system).inner is False
+    assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
+
+
 def _graphs():
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 

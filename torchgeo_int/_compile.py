@@ -33,7 +33,8 @@ core: as much as a whole eager Verlet step on a small batch).  Here:
   copies in and out of a macro block (:func:`compiled_rollout`, final states only) are cheaper
   than what they save from B ≈ 256 on (Kepler, 4096 trajectories: ≈ 1.6× faster); blocks that
   return every state keep the row-major layout (a copy per state: slower).  Eager kernels are
-  slower on the batch-innermost layout, so it never leaves the block.
+  slower on the batch-innermost layout, so it never leaves the block.  A system that cannot
+  take it (``q.view(...)`` needs a contiguous q) is compiled again on the row-major layout.
 * **Everything else** (implicit methods, non-separable systems): the integrator's own eager step
   (its solver loop has data-dependent iteration counts and host syncs) on a proxy of the system
   whose ``vector_field`` / ``force`` / ``velocity`` are compiled, for states of at least
@@ -173,6 +174,7 @@ class _Kernels:
         self.failed = None            # why compiling failed; then everything runs eagerly
         self._tag = next(_ids)
         self._blocks = {}
+        self.inner = True             # False once a block failed on the batch-innermost layout
         self.proxy = None if self.explicit else _CompiledFields(system, self, self._tag)
 
     def time(self, t, like):
@@ -207,9 +209,15 @@ class _Kernels:
         (One that returns all n states, or a single step, would pay the copies for every state:
         measured slower, so those keep the row-major layout.)"""
         fn = self.block(n, keep_all)
-        if keep_all or n == 1 or batch_inner(q) is q:
-            return _traced(fn, q, p, force, t, h)
-        return _row_major(_traced(fn, batch_inner(q), batch_inner(p), batch_inner(force), t, h))
+        if self.inner and not keep_all and n > 1 and batch_inner(q) is not q:
+            try:
+                return _row_major(_traced(fn, batch_inner(q), batch_inner(p), batch_inner(force),
+                                          t, h))
+            except (ConvergenceError, FloatingPointError):
+                raise
+            except Exception:  # noqa: BLE001 — e.g. a system that calls .view() on q: row-major
+                self.inner = False
+        return _traced(fn, q, p, force, t, h)
 
     def first_force(self, system, q, t, cache):
         """The force the first kick needs (None when the graph computes it itself)."""
