@@ -4,7 +4,7 @@ rollout under grad, no autograd call inside a step walks the rollout's history f
 Such a call differentiates w.r.t. fresh leaves (a Newton Jacobian, an adjoint iteration's
 vector–Jacobian product) an output whose graph also reaches the initial state: autograd then
 visits the whole graph behind it, so step k costs O(k) and the rollout O(steps²) (400 implicit
-midpoint steps with Newton: 24.7 s instead of 1.7 s, experiments/solver_history.py).  Counted
+midpoint steps with Newton: 14.9 s instead of 1.16 s, experiments/solver_history.py).  Counted
 here by wrapping ``torch.autograd.grad``; below, the solvers' own ``args`` contract."""
 import pytest
 import torch

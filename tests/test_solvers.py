@@ -487,4 +487,3 @@ def test_bad_arguments():
     for d in (0.0, 1.5, -0.1):
         with pytest.raises(ValueError, match="damping"):
             newton(ident, z0, damping=d)
-

@@ -58,6 +58,7 @@ import warnings
 
 import torch
 
+from .integrators.base import explicit_splitting
 from .solvers import ConvergenceError
 
 __all__ = ["compiled_step", "compiled_rollout", "CompiledStep", "default_block"]
@@ -79,13 +80,9 @@ KEEP = 16
 _ids = itertools.count()
 
 
-def _explicit_split(integrator, system):
-    return integrator.splitting() if getattr(system, "separable", False) else None
-
-
 def default_block(integrator, system) -> int:
     """K of a block: ``BLOCK_BUDGET // drifts per step``; 1 when the step is not explicit."""
-    split = _explicit_split(integrator, system)
+    split = explicit_splitting(integrator, system)
     if split is None:
         return 1
     return max(1, BLOCK_BUDGET // max(1, len(split[1])))
@@ -166,7 +163,7 @@ class _Kernels:
         # A system that takes t as a 0-d tensor (odeint's, as torchdiffeq's func) gets it so in
         # the graphs: a Python float would be specialised and recompiled for every step's t.
         self.tensor_time = self.time_dependent and bool(getattr(system, "tensor_time", False))
-        split = _explicit_split(integrator, system)
+        split = explicit_splitting(integrator, system)
         self.explicit = split is not None
         # The force is carried between calls (FSAL) only when a step starts and ends with a kick;
         # otherwise the graph computes what it needs and the cache stays None.
@@ -209,10 +206,10 @@ class _Kernels:
         (One that returns all n states, or a single step, would pay the copies for every state:
         measured slower, so those keep the row-major layout.)"""
         fn = self.block(n, keep_all)
-        if self.inner and not keep_all and n > 1 and batch_inner(q) is not q:
+        qi = batch_inner(q) if self.inner and not keep_all and n > 1 else q
+        if qi is not q:
             try:
-                return _row_major(_traced(fn, batch_inner(q), batch_inner(p), batch_inner(force),
-                                          t, h))
+                return _row_major(_traced(fn, qi, batch_inner(p), batch_inner(force), t, h))
             except (ConvergenceError, FloatingPointError):
                 raise
             except Exception:  # noqa: BLE001 — e.g. a system that calls .view() on q: row-major

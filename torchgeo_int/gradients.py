@@ -70,6 +70,7 @@ import math
 import warnings
 
 import torch
+from .integrators.base import explicit_splitting
 from .integrators.cotangent import CotangentLiftIntegrator
 from .rollout import run_loop
 from .solvers import default_tol
@@ -79,7 +80,7 @@ def not_reversible(integrator, system) -> str | None:
     """Why ``grad="reversible"`` cannot run ``integrator`` on ``system``, or None if it can."""
     if not integrator.symmetric:
         return "it is not symmetric (its −h step does not invert it)"
-    if getattr(system, "separable", False) and integrator.splitting():
+    if explicit_splitting(integrator, system):
         return None                                   # explicit: Φ_{−h} is explicit
     if all(isinstance(m, CotangentLiftIntegrator) for m, _ in integrator.stages()):
         return None                                   # implicit: Φ_{−h} is one more solve
@@ -277,7 +278,7 @@ def _reversible(integrator, step, q0, p0, *, system, h, steps, t0, save_every, c
             "Use grad='checkpoint' (exact, O(√steps) memory).")
     if reconstruction_tol is None:
         reconstruction_tol = 1e3 * torch.finfo(q0.dtype).eps
-        if not (system.separable and integrator.splitting()):
+        if not explicit_splitting(integrator, system):
             # each −h solve stops within the solver's tolerance τ: allow steps·τ (backprop's
             # implicit gradients are no more accurate than τ either)
             tau = max(m.tol if m.tol is not None else default_tol(q0.dtype)

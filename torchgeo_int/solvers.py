@@ -48,7 +48,7 @@ application that carries gradients. A captured tensor gives the same values and 
 every one of those autograd calls walks its whole history (autograd visits all of the graph
 behind a fresh leaf), which in a rollout under grad grows with the step count: each step's
 solve costs O(steps so far), the rollout O(steps²) (400 implicit midpoint steps with Newton
-under grad: 24.7 s captured, 1.7 s as args; ``python experiments/solver_history.py``).
+under grad: 14.9 s captured, 1.16 s as args; ``python experiments/solver_history.py``).
 
 Gradients
 ---------
@@ -228,6 +228,15 @@ def _detached(args):
     if not torch.is_grad_enabled():  # no graph to cut: skip the kernels (inference rollouts)
         return args
     return tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def identity_minus(fn):
+    """(z, *args) ↦ z − fn(z, *args), per component for a tuple z: the residual of the fixed-point
+    equation z = fn(z) (for :func:`newton`), or the fixed-point map z − r(z) of a residual r."""
+    def g(z, *args):
+        out = fn(z, *args)
+        return tuple(a - b for a, b in zip(z, out)) if isinstance(z, tuple) else z - out
+    return g
 
 
 def _check_int(value, name):

@@ -289,23 +289,11 @@ def main(argv=None):
         return main_implicit(args, device)
     steps_list = [100, 300, 1000] if args.quick else [100, 1000, 10000]
     batch = 256 if args.quick else 1024  # big enough that the graph, not allocator noise, dominates RSS
-    rows = []
-    try:
-        from tqdm import tqdm
-    except ImportError:  # progress is a nicety
-        tqdm = lambda x, **k: x
-    jobs = [(m, n) for n in steps_list for m in MODES]
-    for mode, n in tqdm(jobs, desc="memory"):
-        rows.append(run_child(mode, n, batch, device, "float32", args.mem_cap_gib))
+    rows = _measure(MODES, steps_list, batch, device, args.mem_cap_gib)
     recon = reconstruction_error([100, 1000, 10000, 100000] if not args.quick else [100, 1000, 10000],
                                  "float64") + reconstruction_error([100, 1000, 10000], "float32")
-
-    RESULTS.mkdir(parents=True, exist_ok=True)
     text = table(rows, recon, steps_list, batch, device, args.mem_cap_gib)
-    print(text)
-    (RESULTS / "memory.md").write_text(f"# Memory per training step\n\n{text}\n")
-    (RESULTS / "memory.json").write_text(json.dumps(dict(rows=rows, reconstruction=recon,
-                                                         batch=batch, device=device), indent=1))
+    _write("memory", "Memory per training step", text, rows, recon, batch, device)
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -326,24 +314,35 @@ def main(argv=None):
 
 
 def main_implicit(args, device):
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        tqdm = lambda x, **k: x  # noqa: E731
     steps_list = [30, 100] if args.quick else [100, 300, 1000]
     batch = 256 if args.quick else 1024
-    rows = [run_child(m, n, batch, device, "float32", args.mem_cap_gib)
-            for n, m in tqdm([(n, m) for n in steps_list for m in IMPLICIT_MODES], desc="memory")]
+    rows = _measure(IMPLICIT_MODES, steps_list, batch, device, args.mem_cap_gib)
     lengths = [100, 1000] if args.quick else [100, 1000, 10000]
     recon = (reconstruction_error(lengths, "float64", "implicit_midpoint")
              + reconstruction_error(lengths, "float32", "implicit_midpoint"))
-    RESULTS.mkdir(parents=True, exist_ok=True)
     text = table(rows, recon, steps_list, batch, device, args.mem_cap_gib, IMPLICIT_MODES,
                  "implicit midpoint, a non-separable MLP Hamiltonian")
+    _write("memory_implicit", "Memory per training step, implicit midpoint", text, rows, recon,
+           batch, device)
+
+
+def _measure(modes, steps_list, batch, device, cap_gib):
+    """One child process per (mode, steps), with progress."""
+    try:
+        from tqdm import tqdm
+    except ImportError:  # progress is a nicety
+        tqdm = lambda x, **k: x  # noqa: E731
+    jobs = [(m, n) for n in steps_list for m in modes]
+    return [run_child(m, n, batch, device, "float32", cap_gib) for m, n in tqdm(jobs, desc="memory")]
+
+
+def _write(stem, heading, text, rows, recon, batch, device):
+    """Print the table; write results/bench/<stem>.{md,json}."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
     print(text)
-    (RESULTS / "memory_implicit.md").write_text(f"# Memory per training step, implicit midpoint\n\n{text}\n")
-    (RESULTS / "memory_implicit.json").write_text(json.dumps(
-        dict(rows=rows, reconstruction=recon, batch=batch, device=device), indent=1))
+    (RESULTS / f"{stem}.md").write_text(f"# {heading}\n\n{text}\n")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(dict(rows=rows, reconstruction=recon,
+                                                          batch=batch, device=device), indent=1))
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ class Integrator:
         (q, p, cache)``: the same map as :meth:`step`, computed by the same operations; an
         explicit splitting on a separable system gets a loop whose coefficients and system
         halves are looked up once (the per-step Python cost of a hand-written loop)."""
-        split = self.splitting() if getattr(system, "separable", False) else None
+        split = explicit_splitting(self, system)
         return self.step if split is None else splitting_step(*split, system)
 
     def stages(self):
@@ -48,6 +48,12 @@ class Integrator:
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(name={self.name!r}, order={self.order}, "
                 f"symplectic={self.symplectic}, symmetric={self.symmetric})")
+
+
+def explicit_splitting(integrator, system):
+    """``integrator.splitting()`` when ``system`` is separable — the (kicks, drifts) of the
+    explicit kick/drift path — else ``None`` (the method runs its implicit form)."""
+    return integrator.splitting() if getattr(system, "separable", False) else None
 
 
 def _signed(kicks, drifts, sign):

@@ -22,8 +22,8 @@ import torch
 
 from ..lifts import CotangentLift
 from ..maps import AlphaMap, DiscretizationMap
-from ..solvers import ConvergenceError, fixed_point, newton
-from .base import Integrator
+from ..solvers import ConvergenceError, fixed_point, identity_minus, newton
+from .base import Integrator, explicit_splitting, run_splitting
 
 _NEWTON_HINT = ("the fixed-point iteration needs h·|∂X_H| small enough to contract: reduce h, or "
                 "solve the same equations by Newton: method=tgi.CotangentLiftIntegrator("
@@ -77,8 +77,7 @@ class CotangentLiftIntegrator(Integrator):
         return self.R is other.R
 
     def step(self, system, q, p, t, h, cache=None):
-        if system.separable and (sp := self.splitting()) is not None:
-            from .base import run_splitting
+        if (sp := explicit_splitting(self, system)) is not None:
             return run_splitting(*sp, system, q, p, t, h)
         if self.alpha is not None:
             return self._alpha_step(system, q, p, t, h, cache)
@@ -93,16 +92,13 @@ class CotangentLiftIntegrator(Integrator):
             return system.vector_field(torch.add(q, k[0], alpha=a * h),
                                        torch.add(p, k[1], alpha=(1.0 - a) * h), tb)
 
-        def residual(k, q, p):
-            return tuple(ki - si for ki, si in zip(k, stage(k, q, p)))
-
         if cache is not None:
             k0 = cache
         else:
             with torch.no_grad():   # a guess: no graph
                 k0 = system.vector_field(q, p, t)
         if self.solver == "newton":
-            k = newton(residual, k0, args=(q, p), **self._options())
+            k = newton(identity_minus(stage), k0, args=(q, p), **self._options())
         else:
             try:
                 k = fixed_point(stage, k0, args=(q, p), **self._options())

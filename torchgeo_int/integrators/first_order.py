@@ -58,7 +58,7 @@ from __future__ import annotations
 import torch
 
 from ..maps import AlphaMap, DiscretizationMap, RetractionMap
-from ..solvers import fixed_point, newton
+from ..solvers import fixed_point, identity_minus, newton
 from .base import Integrator
 
 Tensor = torch.Tensor
@@ -181,7 +181,7 @@ class FirstOrderIntegrator(Integrator):
 
         k0 = self._guess(system, x, t, cache)
         if self.solver == "newton":
-            k = newton(lambda k_, x: k_ - stage(k_, x), k0, args=(x,), **self._options())
+            k = newton(identity_minus(stage), k0, args=(x,), **self._options())
         else:
             k = fixed_point(stage, k0, args=(x,), **self._options())
         # The stage derivative is the warm start of the next solve (no graph needed for a guess).
@@ -199,7 +199,7 @@ class FirstOrderIntegrator(Integrator):
         # x (the state) is the solver's args: see solvers' note on args.
         if self.solver == "newton":
             return newton(residual, z0, args=(x,), **self._options())
-        return fixed_point(lambda z, x: z - residual(z, x), z0, args=(x,), **self._options())
+        return fixed_point(identity_minus(residual), z0, args=(x,), **self._options())
 
     def _base_step(self, system, x, t, h, cache):
         a = getattr(self.R, "alpha", 0.5)

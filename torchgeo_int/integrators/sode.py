@@ -24,7 +24,7 @@ import torch
 from .._validate import check_even_last_dim, check_pair
 from ..lifts import TangentLift
 from ..maps import AlphaMap, DiscretizationMap, ForwardEulerMap, MidpointMap
-from ..solvers import fixed_point, newton
+from ..solvers import fixed_point, identity_minus, newton
 from .base import Integrator
 
 Tensor = torch.Tensor
@@ -299,8 +299,7 @@ class TangentLiftSODE(SODEIntegrator):
             with torch.no_grad():
                 k0 = (v.detach(), acc(q, v, t).detach())
         if self.solver == "newton":
-            k = newton(lambda k_, q, v: tuple(x - y for x, y in zip(k_, stage(k_, q, v))), k0,
-                       args=(q, v), **self._options())
+            k = newton(identity_minus(stage), k0, args=(q, v), **self._options())
         else:
             k = fixed_point(stage, k0, args=(q, v), **self._options())
         return q + h * k[0], v + h * k[1], _StageCache(k)
@@ -375,8 +374,7 @@ class Newmark(SODEIntegrator):
 
             a0 = a.detach()
             if self.solver == "newton":
-                a1 = newton(lambda a_, qp, cv: a_ - corrected(a_, qp, cv), a0, args=(qp, cv),
-                            **self._options())
+                a1 = newton(identity_minus(corrected), a0, args=(qp, cv), **self._options())
             else:
                 a1 = fixed_point(corrected, a0, args=(qp, cv), **self._options())
         return qp + bh2 * a1, cv + gh * a1, SODECache(a1)

@@ -35,7 +35,7 @@ import torch
 
 from ..integrators import TABLES, Composition
 from ..integrators.base import Integrator
-from ..solvers import fixed_point, newton
+from ..solvers import fixed_point, identity_minus, newton
 from . import so3
 from .lie import SO3xR3Group, SO3Group, Tau, _check_alpha
 from .systems import HeavyTop, LieGroupSystem, SphericalPendulum
@@ -112,10 +112,7 @@ class LieGroupIntegrator(Integrator):
         if self.solver == "newton":
             opts = self._opts()
             opts.pop("check_every")
-            if isinstance(z0, tuple):
-                return newton(lambda z, *s: tuple(a - b for a, b in zip(z, F(z, *s))), z0,
-                              args=args, **opts)
-            return newton(lambda z, *s: z - F(z, *s), z0, args=args, **opts)
+            return newton(identity_minus(F), z0, args=args, **opts)
         return fixed_point(F, z0, args=args, **self._opts())
 
     def adjoint(self):
