@@ -97,6 +97,7 @@ def _worker(rank, port, out_dir):
         res["chunked_stats"] = {k: chunked[k] for k in ("energy_error_max", "energy_error_mean")}
         res["q"], res["p"] = out["q"], out["p"]
     finally:
+        module = loss = None   # DDP gone before its process group (see cleanup)
         cleanup()
     torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
 

@@ -81,6 +81,7 @@ def main(argv=None):
                    desc=f"{a.task} {arm.key} ×{W}", checkpoint=RESULTS / f"{name}.pt", **opts)
         hist = reduce_history(hist)
     finally:
+        module = loss = None   # DDP gone before its process group (see distributed.cleanup)
         cleanup()
     seconds = time.perf_counter() - t0
     if not info.is_main:
