@@ -8,8 +8,7 @@ import torch
 
 import torchgeo_int as tgi
 from maps_zoo import warped
-from torchgeo_int.integrators.first_order import (FIRST_ORDER_METHODS, FirstOrderIntegrator,
-                                                   get_first_order_method, theta)
+from torchgeo_int.integrators.first_order import FIRST_ORDER_METHODS, FirstOrderIntegrator, theta
 
 
 # -- problems ---------------------------------------------------------------------------------
@@ -225,7 +224,7 @@ def test_declared_properties_and_registry():
         assert m.first_order and not m.symplectic and m.alpha == alpha
         assert m.order == (2 if alpha == 0.5 else 1) and m.symmetric == (alpha == 0.5)
         assert m.adjoint().alpha == 1.0 - alpha
-        assert get_first_order_method(name) is m
+        assert tgi.get_method(name, first_order=True) is m
     sphere = FirstOrderIntegrator(tgi.RetractionMap(normalize, 0.5))
     assert sphere.order == 2 and sphere.symmetric
     assert FirstOrderIntegrator(tgi.RetractionMap(normalize, 0.3)).order == 1
@@ -345,7 +344,7 @@ def test_bad_input_raises():
     with pytest.raises(ValueError, match="alpha"):
         theta(1.5)
     with pytest.raises(ValueError, match="unknown first-order method"):
-        get_first_order_method("verlet")
+        tgi.get_method("verlet", first_order=True)
     m, x0 = theta(0.5), torch.tensor([[0.8, -0.3]])
     with pytest.raises(ValueError, match="first-order"):
         m.step(tgi.ODESystem(forced_pendulum), x0, x0, 0.0, 0.1)

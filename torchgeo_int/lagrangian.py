@@ -22,14 +22,14 @@ import torch
 
 from ._autograd import reaches_other_leaves
 from ._validate import check_pair
-from .maps import AdjointMap, AlphaMap, DiscretizationMap, RetractionMap
+from .maps import DiscretizationMap
 from .solvers import ConvergenceError, newton
-from .systems import SeparableHamiltonian, System, _takes_time, grad_of
+from .systems import SeparableHamiltonian, System, takes_time, grad_of
 
 Tensor = torch.Tensor
 
 __all__ = ["SecondOrderSystem", "Lagrangian", "MechanicalLagrangian", "DegenerateLagrangianError",
-           "DiscreteLagrangian", "ComposedDiscreteLagrangian", "has_closed_inverse"]
+           "DiscreteLagrangian", "ComposedDiscreteLagrangian", "check_fractions"]
 
 
 # -- mass matrices --------------------------------------------------------------------------------
@@ -133,8 +133,8 @@ class SecondOrderSystem(System):
         super().__init__()
         if not callable(force):
             raise TypeError("force must be callable as force(t, q, v) or force(t, q)")
-        takes_v = _takes_time(force, 2)  # a third positional argument is the velocity
-        if not takes_v and not _takes_time(force, 1):
+        takes_v = takes_time(force, 2)  # a third positional argument is the velocity
+        if not takes_v and not takes_time(force, 1):
             raise TypeError("force must be callable as force(t, q, v) or force(t, q)")
         self.f = force
         self._takes_v = takes_v
@@ -253,7 +253,7 @@ class Lagrangian(System):
             raise TypeError("fn must be callable as fn(q, v) or fn(q, v, t)")
         self.fn = fn
         target = fn if fn is not None else self.lagrangian
-        self.time_dependent = _takes_time(target, 2) if time_dependent is None else bool(time_dependent)
+        self.time_dependent = takes_time(target, 2) if time_dependent is None else bool(time_dependent)
 
     @classmethod
     def mechanical(cls, potential: Callable, mass=None, *,
@@ -424,25 +424,6 @@ class MechanicalLagrangian(Lagrangian):
 
 
 # -- discrete Lagrangians -------------------------------------------------------------------------
-def has_closed_inverse(R: DiscretizationMap) -> bool:
-    """Whether R_d⁻¹ is a closed formula (twice differentiable by autograd), not a Newton solve."""
-    if isinstance(R, AlphaMap):
-        return True
-    if isinstance(R, RetractionMap):
-        return R._closed_inverse is not None
-    if isinstance(R, AdjointMap):
-        return has_closed_inverse(R.base)
-    return False
-
-
-def base_fraction(R: DiscretizationMap) -> float:
-    """Where in [t, t + h] the base point of R_d sits: α for the α-family and retraction maps
-    (time moves like a configuration variable), ½ otherwise."""
-    if isinstance(R, AdjointMap):
-        return 1.0 - base_fraction(R.base)
-    return float(getattr(R, "alpha", 0.5))
-
-
 class DiscreteLagrangian:
     r"""L_d^h(q₀, q₁) = h·L(q̄, w/h),  (q̄, w) = R_d⁻¹(q₀, q₁)  (Sect. 5.3; THEORY §7).
 
@@ -460,7 +441,7 @@ class DiscreteLagrangian:
         if not isinstance(R, DiscretizationMap):
             raise TypeError(f"a discrete Lagrangian needs a DiscretizationMap, got {type(R).__name__}")
         self.L, self.R = L, R
-        self.alpha = base_fraction(R)
+        self.alpha = R.base_fraction
 
     def __call__(self, q0: Tensor, q1: Tensor, h: float, t: float = 0.0) -> Tensor:
         qb, w = self.R.inverse(q0, q1)
@@ -471,7 +452,7 @@ class DiscreteLagrangian:
         ``ends=False``)."""
         Lq, Lv = self.L.derivatives(qb, w / h, t + self.alpha * h)
         D1, D2 = self.R.solve_vjp(qb, w, h * Lq, Lv)
-        q0, q1 = self.R._forward(qb, w) if ends else (None, None)
+        q0, q1 = self.R.forward_unchecked(qb, w) if ends else (None, None)
         return q0, q1, D1, D2
 
     def derivatives(self, q0: Tensor, q1: Tensor, h: float, t: float = 0.0) -> tuple[Tensor, Tensor]:
@@ -489,7 +470,9 @@ class DiscreteLagrangian:
         return self.derivatives(q, q_next, h, t + h)[0] + self.derivatives(q_prev, q, h, t)[1]
 
 
-def _check_fractions(maps, fractions):
+def check_fractions(maps, fractions):
+    """(maps, fractions) checked: DiscretizationMaps, one finite nonzero fraction each, summing to
+    1 (``None``: equal fractions)."""
     maps = list(maps)
     if not maps:
         raise ValueError("need at least one discretization map")
@@ -516,8 +499,8 @@ class ComposedDiscreteLagrangian:
     """
 
     def __init__(self, L: Lagrangian, maps: Sequence[DiscretizationMap], fractions=None):
-        maps, fractions = _check_fractions(maps, fractions)
-        if not all(has_closed_inverse(R) for R in maps):
+        maps, fractions = check_fractions(maps, fractions)
+        if not all(R.has_closed_inverse for R in maps):
             raise ValueError("ComposedDiscreteLagrangian needs maps with a closed-form inverse "
                              "(AlphaMap, RetractionMap(..., inverse=...))")
         self.terms = [DiscreteLagrangian(L, R) for R in maps]

@@ -40,6 +40,17 @@ class _Lift(DiscretizationMap):
     def symmetric(self) -> bool:
         return self.base.symmetric
 
+    @property
+    def base_fraction(self) -> float:
+        return self.base.base_fraction
+
+    @property
+    def has_closed_inverse(self) -> bool:
+        return self.base.has_closed_inverse
+
+    def key(self) -> tuple:
+        return (type(self).__name__, self.base.key())
+
     def adjoint(self):
         # Lifting commutes with taking adjoints (checked numerically in the tests).
         return type(self)(self.base.adjoint())
@@ -61,13 +72,13 @@ class TangentLift(_Lift):
 
     def _forward(self, x, xdot):
         (q, v), (qd, vd) = _split(x), _split(xdot)
-        y0, y1 = self.base._forward(q, qd)
+        y0, y1 = self.base.forward_unchecked(q, qd)
         dy0, dy1 = self.base.jvp(q, qd, v, vd)
         return torch.cat([y0, dy0], -1), torch.cat([y1, dy1], -1)
 
     def _inverse(self, x0, x1):
         (q0, v0), (q1, v1) = _split(x0), _split(x1)
-        q, qd = self.base._inverse(q0, q1)
+        q, qd = self.base.inverse_unchecked(q0, q1)
         v, vd = self.base.solve_jvp(q, qd, v0, v1)
         return torch.cat([q, v], -1), torch.cat([qd, vd], -1)
 
@@ -90,12 +101,12 @@ class CotangentLift(_Lift):
 
     def _forward(self, x, xdot):
         (q, p), (qd, pd) = _split(x), _split(xdot)
-        y0, y1 = self.base._forward(q, qd)
+        y0, y1 = self.base.forward_unchecked(q, qd)
         pi0, pi1 = self.base.solve_vjp(q, qd, pd, p)
         return torch.cat([y0, -pi0], -1), torch.cat([y1, pi1], -1)
 
     def _inverse(self, x0, x1):
         (q0, p0), (q1, p1) = _split(x0), _split(x1)
-        q, qd = self.base._inverse(q0, q1)
+        q, qd = self.base.inverse_unchecked(q0, q1)
         pq, pv = self.base.vjp(q, qd, -p0, p1)
         return torch.cat([q, pv], -1), torch.cat([qd, pq], -1)

@@ -26,10 +26,26 @@ from ._validate import check_pair
 Tensor = torch.Tensor
 
 
+def check_alpha(alpha) -> float:
+    """α as a float in [0, 1], or a clear error (the α of every map family: outside [0, 1] the base
+    point leaves the segment [x₀, x₁] and the integrators lose their stability)."""
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        raise TypeError(f"alpha must be a real number, got {type(alpha).__name__}")
+    alpha = float(alpha)
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
+    return alpha
+
+
 class DiscretizationMap(nn.Module):
     r"""Base class: ``forward(x, v) -> (x0, x1)``, ``inverse(x0, x1) -> (x, v)``.
 
-    Subclasses implement ``_forward`` (and ideally ``_inverse``); the public methods validate input.
+    Subclasses implement ``_forward`` (and ideally ``_inverse``); ``forward``/``inverse`` validate
+    input, ``forward_unchecked``/``inverse_unchecked`` are the same maps without the checks (for
+    integrators and lifts, whose inputs are already checked).  What integrators need besides:
+    ``base_fraction`` (where the base point sits in [x₀, x₁], so where time is sampled),
+    ``has_closed_inverse`` and ``key()`` (equality by value: two maps with the same key are the
+    same map).
     The default inverse is a batched Newton iteration on R_d(x, v) = (x₀, x₁) started at the
     midpoint guess ((x₀ + x₁)/2, x₁ − x₀), differentiable through the solver's implicit backward.
     """
@@ -44,6 +60,14 @@ class DiscretizationMap(nn.Module):
 
     def inverse(self, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
         check_pair(x0, x1, ("x0", "x1"))
+        return self._inverse(x0, x1)
+
+    def forward_unchecked(self, x: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """``forward`` without input validation."""
+        return self._forward(x, v)
+
+    def inverse_unchecked(self, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
+        """``inverse`` without input validation."""
         return self._inverse(x0, x1)
 
     def _forward(self, x: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -66,6 +90,21 @@ class DiscretizationMap(nn.Module):
     def symmetric(self) -> bool:
         """Whether R_d* = R_d (Def 2.3); the integrators built from it are then symmetric."""
         return False
+
+    @property
+    def base_fraction(self) -> float:
+        """Where in [x₀, x₁] (so in [t, t + h]) the base point of R_d sits: α for the α-family
+        and retraction maps (time moves like a configuration variable), ½ otherwise."""
+        return 0.5
+
+    @property
+    def has_closed_inverse(self) -> bool:
+        """Whether R_d⁻¹ is a closed formula (twice differentiable by autograd), not a Newton solve."""
+        return False
+
+    def key(self) -> tuple:
+        """Equality by value: maps with equal keys are the same map (the default: this object)."""
+        return (type(self).__name__, id(self))
 
     def adjoint(self) -> "DiscretizationMap":
         r"""R_d* = I_M ∘ R_d ∘ (−Id_TM): (x, v) ↦ (R²(x, −v), R¹(x, −v)) (Prop 2.5)."""
@@ -150,12 +189,7 @@ class AlphaMap(DiscretizationMap):
 
     def __init__(self, alpha: float):
         super().__init__()
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-            raise TypeError(f"alpha must be a real number, got {type(alpha).__name__}")
-        alpha = float(alpha)
-        if not 0.0 <= alpha <= 1.0:
-            raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
-        self.alpha = alpha
+        self.alpha = check_alpha(alpha)
 
     def extra_repr(self) -> str:
         return f"alpha={self.alpha}"
@@ -163,6 +197,17 @@ class AlphaMap(DiscretizationMap):
     @property
     def symmetric(self) -> bool:
         return self.alpha == 0.5
+
+    @property
+    def base_fraction(self) -> float:
+        return self.alpha
+
+    has_closed_inverse = True
+
+    def key(self) -> tuple:
+        if type(self)._forward is AlphaMap._forward:   # the named members are the same maps
+            return ("alpha", self.alpha)
+        return super().key()
 
     def adjoint(self) -> "AlphaMap":
         return AlphaMap(1.0 - self.alpha)
@@ -236,9 +281,8 @@ class RetractionMap(DiscretizationMap):
         super().__init__()
         if not callable(retraction):
             raise TypeError("retraction must be callable as retraction(x, v) -> point")
-        AlphaMap(alpha)  # the same validation of alpha
         self.retraction = retraction
-        self.alpha = float(alpha)
+        self.alpha = check_alpha(alpha)
         self._closed_inverse = inverse
 
     def extra_repr(self) -> str:
@@ -246,7 +290,23 @@ class RetractionMap(DiscretizationMap):
 
     @property
     def symmetric(self) -> bool:
+        # R_d*(x, v) = (R_x(−(1−α)v), R_x(αv)) equals R_d exactly at α = ½, whatever the retraction.
         return self.alpha == 0.5
+
+    @property
+    def base_fraction(self) -> float:
+        return self.alpha
+
+    @property
+    def has_closed_inverse(self) -> bool:
+        return self._closed_inverse is not None
+
+    def key(self) -> tuple:
+        # The same retraction (by identity: functions do not compare by value) and the same α are
+        # the same map; a closed-form inverse is the inverse of that same map.
+        if type(self)._forward is RetractionMap._forward:
+            return ("retraction", id(self.retraction), self.alpha)
+        return super().key()
 
     def adjoint(self) -> "RetractionMap":
         # A closed-form inverse of R_d does not carry over to 1 − α; the adjoint uses Newton.
@@ -275,13 +335,24 @@ class AdjointMap(DiscretizationMap):
     def symmetric(self) -> bool:
         return self.base.symmetric
 
+    @property
+    def base_fraction(self) -> float:
+        return 1.0 - self.base.base_fraction
+
+    @property
+    def has_closed_inverse(self) -> bool:
+        return self.base.has_closed_inverse
+
+    def key(self) -> tuple:
+        return ("adjoint", self.base.key())
+
     def adjoint(self) -> DiscretizationMap:
         return self.base
 
     def _forward(self, x, v):
-        y0, y1 = self.base._forward(x, -v)
+        y0, y1 = self.base.forward_unchecked(x, -v)
         return y1, y0
 
     def _inverse(self, x0, x1):
-        x, w = self.base._inverse(x1, x0)
+        x, w = self.base.inverse_unchecked(x1, x0)
         return x, -w

@@ -105,8 +105,9 @@ import torch
 import torchdiffeq
 from torchdiffeq._impl.odeint import SOLVERS as _TORCHDIFFEQ_SOLVERS
 
-from .integrators import METHODS, Composition, CotangentLiftIntegrator, Integrator
-from .integrators.first_order import FIRST_ORDER_METHODS, FirstOrderIntegrator, theta
+from .integrators import METHODS, Integrator
+from .integrators.registry import STATES, family_of
+from .integrators.first_order import FIRST_ORDER_METHODS, theta
 from .gradients import not_reversible
 from .rollout import GRAD_MODES, run_loop
 from .solvers import default_tol
@@ -430,8 +431,13 @@ def _register_module(system, name, fn):
 def _resolve_method(method, y0, options):
     """('partitioned' | 'first_order', the integrator to configure)."""
     if isinstance(method, Integrator):
-        return ("first_order" if getattr(method, "first_order", False) else "partitioned"), method
+        return ("first_order" if method.first_order else "partitioned"), method
     if not isinstance(method, str) or method not in GEOMETRIC_METHODS:
+        family = family_of(method)
+        if family is not None:   # a registered method odeint's state layout cannot carry
+            raise ValueError(f"unknown method {method!r} for odeint: it is a {family!r} method, for "
+                             f"{STATES[family]}; integrate it with tgi.rollout(system, ..., "
+                             f"method={method!r}). odeint's methods: {_all_methods()}")
         raise ValueError(f"unknown method {method!r}; known methods: {_all_methods()}")
     if method == "theta":
         # the θ-method (x_{k+1} − x_k)/h = X((1−θ)x_k + θx_{k+1}): eq. (1) with AlphaMap(θ)
@@ -455,23 +461,13 @@ def _configured(integrator, tol, solver, max_iter):
     if key not in _CONFIGURED:
         if len(_CONFIGURED) > 256:  # a long-lived process sweeping tolerances
             _CONFIGURED.clear()
-        _CONFIGURED[key] = _rebuild(integrator, tol, solver, max_iter)
+        changes = dict(tol=tol)
+        if solver:
+            changes["solver"] = solver
+        if max_iter is not None:
+            changes["max_iter"] = max_iter
+        _CONFIGURED[key] = integrator.with_options(**changes)
     return _CONFIGURED[key]
-
-
-def _rebuild(m, tol, solver, max_iter):
-    if isinstance(m, (FirstOrderIntegrator, CotangentLiftIntegrator)):
-        kw = dict(solver=solver or m.solver, tol=tol,
-                  max_iter=m.max_iter if max_iter is None else max_iter,
-                  backward=m.backward, name=m.name)
-        if isinstance(m, FirstOrderIntegrator):
-            return FirstOrderIntegrator(m.R, form=m.form, **kw)
-        return CotangentLiftIntegrator(m.R, **kw)
-    if isinstance(m, Composition):
-        stages = m.stages()
-        return Composition([_rebuild(s, tol, solver, max_iter) for s, _ in stages],
-                           [c for _, c in stages], order=m.order, name=m.name)
-    raise TypeError(f"cannot configure integrator {m!r}")
 
 
 def _integrate(integrator, system, states, times, step_size, t_dtype, grad="backprop",

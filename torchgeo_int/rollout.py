@@ -55,16 +55,16 @@ def rollout(system, q0: torch.Tensor, p0: torch.Tensor | None = None, *, h: floa
     if first_order:
         check_tensor(q0, "x0")
         check_finite(q0, "x0")
-        if not getattr(integrator, "first_order", False):
+        if not integrator.first_order:
             raise ValueError(f"p0 is None (a first-order system) but {integrator.name!r} is a "
                              "Hamiltonian method; pass p0 or a first-order method")
-    elif getattr(integrator, "check_state", None) is not None:
+    elif integrator.check_state is not None:
         integrator.check_state(system, q0, p0)  # e.g. Lie groups: g (..., 3, 3) with μ (..., 3)
     else:
         check_pair(q0, p0, ("q0", "p0"))
         check_finite(q0, "q0")
         check_finite(p0, "p0")
-        if getattr(integrator, "first_order", False):
+        if integrator.first_order:
             raise ValueError(f"{integrator.name!r} integrates first-order systems: call rollout(system, x0)")
     _check_int(steps, "steps", 0)
     _check_int(save_every, "save_every", 1)

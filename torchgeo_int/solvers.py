@@ -73,13 +73,15 @@ problems.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
 
-__all__ = ["ConvergenceError", "default_tol", "fixed_point", "newton"]
+__all__ = ["ConvergenceError", "SolveOptions", "default_tol", "fixed_point", "newton"]
 
 _BACKWARDS = ("implicit", "unroll")
+SOLVERS = ("fixed_point", "newton")
 _FP_HINT = "reduce the step size h, or use solver='newton'"
 _NEWTON_HINT = "reduce the step size h, or pass damping < 1 or a better initial guess"
 _ADJOINT_HINT = ("the adjoint iteration u = g + J^T u needs fn to be a contraction at the "
@@ -560,3 +562,67 @@ def newton(residual, z0, *, args=(), tol=None, max_iter=50, damping=1.0, backwar
     if bool(sing.any()):
         raise fail("the Jacobian is singular at the solution", k, _worst(rel, ~sing))
     return struct.pack(struct.unflatten(_FirstOrderOnly.apply(x_star - delta)))
+
+
+@dataclasses.dataclass(frozen=True)
+class SolveOptions:
+    """How an implicit integrator solves its step equations: the one home of the solver choice.
+
+    ``solver``: ``"fixed_point"`` or ``"newton"``; ``tol``/``max_iter``/``check_every`` go to the
+    solver (``None``: its defaults); ``backward``: its gradient mode (``"implicit"``: exact
+    implicit-function-theorem gradients, memory independent of the iterations; ``"unroll"``).
+    Every implicit integrator holds one and calls :meth:`solve` (fixed-point form z = G(z)) or
+    :meth:`root` (residual form F(z) = 0); either form runs under either solver.
+    """
+
+    solver: str = "fixed_point"
+    tol: float | None = None
+    max_iter: int | None = None
+    backward: str = "implicit"
+    check_every: int | None = None
+
+    def __post_init__(self):
+        if self.solver not in SOLVERS:
+            raise ValueError(f"solver must be one of {SOLVERS}, got {self.solver!r}")
+        if self.backward not in _BACKWARDS:
+            raise ValueError(f"backward must be one of {_BACKWARDS}, got {self.backward!r}")
+        if self.tol is not None and not float(self.tol) >= 0.0:
+            raise ValueError(f"tol must be None or >= 0, got {self.tol!r}")
+        for name in ("max_iter", "check_every"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_int(value, name)
+
+    def replace(self, **changes) -> "SolveOptions":
+        return dataclasses.replace(self, **changes)
+
+    def kwargs(self, solver: str | None = None) -> dict:
+        """The keyword arguments of :func:`fixed_point` / :func:`newton` (unset ones omitted;
+        ``check_every`` is the fixed-point iteration's: Newton checks every iteration)."""
+        out = dict(tol=self.tol, backward=self.backward)
+        if self.max_iter is not None:
+            out["max_iter"] = self.max_iter
+        if self.check_every is not None and (solver or self.solver) == "fixed_point":
+            out["check_every"] = self.check_every
+        return out
+
+    def solve(self, G, z0, args=(), *, hint: str | None = None):
+        """z with z = G(z, *args): fixed-point iteration on G, or Newton on z − G(z).  ``hint``
+        replaces the advice of a fixed-point ConvergenceError (say how to get Newton)."""
+        if self.solver == "newton":
+            return newton(identity_minus(G), z0, args=args, **self.kwargs("newton"))
+        try:
+            return fixed_point(G, z0, args=args, **self.kwargs())
+        except ConvergenceError as err:
+            if hint is None:
+                raise
+            raise ConvergenceError(err.reason, iterations=err.iterations, residual=err.residual,
+                                   tol=err.tol, hint=hint) from None
+
+    def root(self, F, z0, args=(), *, solver: str | None = None):
+        """z with F(z, *args) = 0: Newton on F, or fixed-point iteration on z − F(z); ``solver``
+        overrides the chosen one (forms that only Newton solves)."""
+        solver = solver or self.solver
+        if solver == "newton":
+            return newton(F, z0, args=args, **self.kwargs(solver))
+        return fixed_point(identity_minus(F), z0, args=args, **self.kwargs(solver))

@@ -26,7 +26,7 @@ from ._autograd import reaches_other_leaves
 Tensor = torch.Tensor
 
 
-def _takes_time(fn: Callable, n_state_args: int) -> bool:
+def takes_time(fn: Callable, n_state_args: int) -> bool:
     """Whether ``fn`` accepts a time argument after its state arguments."""
     try:
         sig = inspect.signature(fn.forward if isinstance(fn, nn.Module) else fn)
@@ -105,7 +105,7 @@ class Hamiltonian(System):
         self.fn = fn
         self._grad = grad
         target = fn if fn is not None else self.hamiltonian
-        self.time_dependent = _takes_time(target, 2) if time_dependent is None else time_dependent
+        self.time_dependent = takes_time(target, 2) if time_dependent is None else time_dependent
 
     def hamiltonian(self, q: Tensor, p: Tensor, t: float = 0.0) -> Tensor:
         if self.fn is None:
@@ -146,8 +146,8 @@ class SeparableHamiltonian(Hamiltonian):
         self.kinetic, self.potential = kinetic, potential
         self.kinetic_grad, self.potential_grad = kinetic_grad, potential_grad
         # Each part may or may not take t; `time_dependent` forces both.
-        self._T_td = _takes_time(kinetic, 1) if time_dependent is None else time_dependent
-        self._V_td = _takes_time(potential, 1) if time_dependent is None else time_dependent
+        self._T_td = takes_time(kinetic, 1) if time_dependent is None else time_dependent
+        self._V_td = takes_time(potential, 1) if time_dependent is None else time_dependent
         self.time_dependent = self._T_td or self._V_td
 
     def _T(self, p, t):

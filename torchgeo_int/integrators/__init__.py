@@ -1,10 +1,11 @@
-"""Named integrators (``METHODS``) and the classes that build them."""
+"""Named integrators (``METHODS``; every family in ``registry``) and the classes that build them."""
 from __future__ import annotations
 
 from ..maps import AlphaMap
 from .base import Integrator
 from .composition import TABLES, CoefficientTable, Composition
 from .cotangent import CotangentLiftIntegrator
+from .registry import get_method, register
 
 
 def _build_methods() -> dict[str, Integrator]:
@@ -22,25 +23,10 @@ def _build_methods() -> dict[str, Integrator]:
 
 #: Every named method: ``METHODS[name].order / .symplectic / .symmetric``.
 METHODS: dict[str, Integrator] = _build_methods()
+register("hamiltonian", METHODS, "a Hamiltonian system, state (q, p)")
 
-
-def get_method(method, *, first_order: bool = False) -> Integrator:
-    """An Integrator from a name or an Integrator instance: names of METHODS (Hamiltonian), or
-    with ``first_order=True`` names of FIRST_ORDER_METHODS (eq. (1); ``implicit_midpoint`` is
-    then the midpoint rule on x)."""
-    from .first_order import FIRST_ORDER_METHODS
-    from .sode import SODE_METHODS
-    from .variational import VARIATIONAL_METHODS
-    if isinstance(method, Integrator):
-        return method
-    tables = [FIRST_ORDER_METHODS] if first_order else [METHODS, SODE_METHODS, VARIATIONAL_METHODS]
-    for table in tables:
-        if isinstance(method, str) and method in table:
-            return table[method]
-    table = tables[0]
-    raise ValueError(f"unknown {'first-order ' if first_order else ''}method {method!r}; known methods: "
-                     f"{', '.join(sorted(table))}, or pass an Integrator "
-                     "(e.g. CotangentLiftIntegrator(AlphaMap(0.3)))")
+# the other families register themselves when built (the Lie family with torchgeo_int.manifolds)
+from . import first_order, sode, variational  # noqa: E402,F401
 
 
 __all__ = ["METHODS", "Integrator", "CotangentLiftIntegrator", "Composition", "CoefficientTable",

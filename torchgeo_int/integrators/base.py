@@ -7,14 +7,57 @@ an implicit solve); pass ``None`` on the first step.  The loop over steps is wri
 """
 from __future__ import annotations
 
+import copy
+
 import torch
+
+from ..solvers import SolveOptions
 
 
 class Integrator:
+    """What every method declares: ``order``, ``symplectic``, ``symmetric``, ``first_order``
+    (integrates x' = X(x, t), called with p = None), ``check_state`` (``None``, or
+    ``(system, q0, p0) -> None`` validating an initial state the default pair check cannot, e.g.
+    a Lie group element), ``options`` (the :class:`SolveOptions` of an implicit method, else
+    ``None``) and ``key()``: equality by value — two integrators with equal keys are the same
+    method (the same map of states; solver settings aside), which is what a composition checks
+    to recognise a palindromic, symmetric sequence of stages."""
+
     name: str = "integrator"
     order: int = 1
     symplectic: bool = True
     symmetric: bool = False
+    first_order: bool = False
+    check_state = None
+    options: SolveOptions | None = None
+
+    # The solver settings, read from ``options`` (set ``options`` to change them).
+    solver = property(lambda self: None if self.options is None else self.options.solver)
+    tol = property(lambda self: None if self.options is None else self.options.tol)
+    max_iter = property(lambda self: None if self.options is None else self.options.max_iter)
+    backward = property(lambda self: "implicit" if self.options is None else self.options.backward)
+
+    def with_options(self, **changes) -> "Integrator":
+        """The same method with its :class:`SolveOptions` changed (``solver``, ``tol``, ...);
+        itself when it solves nothing."""
+        if self.options is None:
+            return self
+        out = copy.copy(self)
+        out.options = self.options.replace(**changes)
+        return out
+
+    def key(self) -> tuple:
+        """The method's identity by value (default: this object)."""
+        return (type(self).__name__, id(self))
+
+    def same_as(self, other) -> bool:
+        return isinstance(other, Integrator) and self.key() == other.key()
+
+    def __eq__(self, other):
+        return self.same_as(other) if isinstance(other, Integrator) else NotImplemented
+
+    def __hash__(self):
+        return hash(self.key())
 
     def step(self, system, q, p, t: float, h: float, cache=None):
         raise NotImplementedError

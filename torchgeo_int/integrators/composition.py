@@ -101,7 +101,7 @@ class Composition(Integrator):
         # Flatten nested compositions once, so a step is a flat loop over primitive steps.
         self._stages = [(m, g * c) for m, g in zip(methods, gammas) for m, c in m.stages()]
         self.symplectic = all(m.symplectic for m in methods)
-        self.first_order = all(getattr(m, "first_order", False) for m in methods)
+        self.first_order = all(m.first_order for m in methods)
         self.symmetric = self._is_symmetric()
         base_order = min(m.order for m in methods)
         if order is None:
@@ -116,7 +116,7 @@ class Composition(Integrator):
     def _is_symmetric(self) -> bool:
         s = len(self._stages)
         for (m, c), (m2, c2) in zip(self._stages, reversed(self._stages)):
-            if abs(c - c2) > 1e-15 or not _same(m.adjoint(), m2):
+            if abs(c - c2) > 1e-15 or not m.adjoint().same_as(m2):
                 return False
         return s > 0
 
@@ -135,8 +135,16 @@ class Composition(Integrator):
     def splitting(self):
         return self._split
 
+    def key(self) -> tuple:
+        return ("composition", tuple((m.key(), c) for m, c in self._stages))
+
     def stages(self):
         return list(self._stages)
+
+    def with_options(self, **changes):
+        stages = self.stages()
+        return type(self)([m.with_options(**changes) for m, _ in stages], [c for _, c in stages],
+                          order=self.order, name=self.name)
 
     def adjoint(self):
         return Composition([m.adjoint() for m, _ in reversed(self._stages)],
@@ -150,7 +158,3 @@ class Composition(Integrator):
             t = t + c * h
         return q, p, cache
 
-
-def _same(a, b) -> bool:
-    same = getattr(a, "same_as", None)
-    return same(b) if same is not None else a is b

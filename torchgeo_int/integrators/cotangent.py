@@ -22,7 +22,7 @@ import torch
 
 from ..lifts import CotangentLift
 from ..maps import AlphaMap, DiscretizationMap
-from ..solvers import ConvergenceError, fixed_point, identity_minus, newton
+from ..solvers import SolveOptions
 from .base import Integrator, explicit_splitting, run_splitting
 
 _NEWTON_HINT = ("the fixed-point iteration needs h·|∂X_H| small enough to contract: reduce h, or "
@@ -42,21 +42,13 @@ class CotangentLiftIntegrator(Integrator):
                  max_iter: int | None = None, backward: str = "implicit", name: str | None = None):
         if not isinstance(R, DiscretizationMap):
             raise TypeError(f"CotangentLiftIntegrator takes a DiscretizationMap, got {type(R).__name__}")
-        if solver not in ("fixed_point", "newton"):
-            raise ValueError(f"solver must be 'fixed_point' or 'newton', got {solver!r}")
         self.R = R
-        self.solver, self.tol, self.max_iter, self.backward = solver, tol, max_iter, backward
+        self.options = SolveOptions(solver, tol, max_iter, backward)
         self.alpha = R.alpha if isinstance(R, AlphaMap) else None
         self.symmetric = R.symmetric
         self.order = 2 if R.symmetric else 1
         self.name = name or f"cotangent_lift({R})"
         self._lift = None if self.alpha is not None else CotangentLift(R)
-
-    def _options(self):
-        opts = dict(tol=self.tol, backward=self.backward)
-        if self.max_iter is not None:
-            opts["max_iter"] = self.max_iter
-        return opts
 
     def adjoint(self):
         return CotangentLiftIntegrator(self.R.adjoint(), solver=self.solver, tol=self.tol,
@@ -69,12 +61,8 @@ class CotangentLiftIntegrator(Integrator):
             return (0.0, 1.0), (1.0,)          # drift h, then kick h
         return None
 
-    def same_as(self, other) -> bool:
-        if not isinstance(other, CotangentLiftIntegrator):
-            return False
-        if self.alpha is not None:
-            return self.alpha == other.alpha
-        return self.R is other.R
+    def key(self) -> tuple:
+        return ("cotangent_lift", self.R.key())
 
     def step(self, system, q, p, t, h, cache=None):
         if (sp := explicit_splitting(self, system)) is not None:
@@ -97,31 +85,24 @@ class CotangentLiftIntegrator(Integrator):
         else:
             with torch.no_grad():   # a guess: no graph
                 k0 = system.vector_field(q, p, t)
-        if self.solver == "newton":
-            k = newton(identity_minus(stage), k0, args=(q, p), **self._options())
-        else:
-            try:
-                k = fixed_point(stage, k0, args=(q, p), **self._options())
-            except ConvergenceError as err:
-                # No contraction (h·|∂X_H| too large, e.g. a stiff learned field: it stalls or
-                # blows up): say how to get Newton's method on the same equations.
-                raise ConvergenceError(err.reason, iterations=err.iterations, residual=err.residual,
-                                       tol=err.tol, hint=_NEWTON_HINT.format(a=self.alpha)) from None
+        # Without contraction (h·|∂X_H| too large, e.g. a stiff learned field: it stalls or blows
+        # up) the error says how to get Newton's method on the same equations.
+        k = self.options.solve(stage, k0, (q, p), hint=_NEWTON_HINT.format(a=self.alpha))
         # The stage derivative is the warm start of the next solve (no graph needed for a guess).
         return torch.add(q, k[0], alpha=h), torch.add(p, k[1], alpha=h), tuple(x.detach() for x in k)
 
     def _generic_step(self, system, q, p, t, h):
         xk = torch.cat([q, p], -1)
         n = q.shape[-1]
-        tb = t + getattr(self.R, "alpha", 0.5) * h
+        tb = t + self.R.base_fraction * h
 
         def residual(z, xk):
-            base, tangent = self._lift._inverse(xk, torch.cat(z, -1))
+            base, tangent = self._lift.inverse_unchecked(xk, torch.cat(z, -1))
             dq, dp = system.vector_field(base[..., :n], base[..., n:], tb)
             return tangent[..., :n] - h * dq, tangent[..., n:] - h * dp
 
         with torch.no_grad():   # the explicit Euler guess: no graph
             dq, dp = system.vector_field(q, p, t)
             z0 = (q + h * dq, p + h * dp)
-        q1, p1 = newton(residual, z0, args=(xk,), **self._options())
+        q1, p1 = self.options.root(residual, z0, (xk,), solver="newton")
         return q1, p1, None

@@ -58,14 +58,13 @@ from __future__ import annotations
 import torch
 
 from ..maps import AlphaMap, DiscretizationMap, RetractionMap
-from ..solvers import fixed_point, identity_minus, newton
+from ..solvers import SolveOptions
 from .base import Integrator
+from .registry import register
 
 Tensor = torch.Tensor
 
-_SOLVERS = ("fixed_point", "newton")
 _FORMS = ("base", "inverse")
-_BACKWARDS = ("implicit", "unroll")
 
 
 def _field(system, t, x: Tensor) -> Tensor:
@@ -83,7 +82,7 @@ def _first_component(R: DiscretizationMap):
     """(x, v) ↦ R¹(x, v), without evaluating R² where the map's structure allows."""
     if isinstance(R, RetractionMap) and type(R)._forward is RetractionMap._forward:
         return lambda x, v: R.retraction(x, (-R.alpha) * v)
-    return lambda x, v: R._forward(x, v)[0]
+    return lambda x, v: R.forward_unchecked(x, v)[0]
 
 
 class FirstOrderIntegrator(Integrator):
@@ -116,45 +115,26 @@ class FirstOrderIntegrator(Integrator):
                  name: str | None = None):
         if not isinstance(R, DiscretizationMap):
             raise TypeError(f"FirstOrderIntegrator takes a DiscretizationMap, got {type(R).__name__}")
-        if solver not in _SOLVERS:
-            raise ValueError(f"solver must be one of {_SOLVERS}, got {solver!r}")
         if form not in _FORMS:
             raise ValueError(f"form must be one of {_FORMS}, got {form!r}")
-        if backward not in _BACKWARDS:
-            raise ValueError(f"backward must be one of {_BACKWARDS}, got {backward!r}")
-        if tol is not None and not float(tol) >= 0.0:
-            raise ValueError(f"tol must be None or >= 0, got {tol!r}")
-        if max_iter is not None and (isinstance(max_iter, bool) or not isinstance(max_iter, int)
-                                     or max_iter < 1):
-            raise ValueError(f"max_iter must be None or an int >= 1, got {max_iter!r}")
         self.R = R
-        self.solver, self.tol, self.max_iter = solver, tol, max_iter
-        self.backward, self.form = backward, form
+        self.options = SolveOptions(solver, tol, max_iter, backward)
+        self.form = form
         self.alpha = R.alpha if isinstance(R, AlphaMap) else None
         self.symmetric = R.symmetric
         self.order = 2 if R.symmetric else 1
-        self.explicit = self.alpha == 0.0
         if name is None:
             name = f"theta({self.alpha:g})" if self.alpha is not None else f"first_order({R})"
         self.name = name
-
-    def _options(self):
-        opts = dict(tol=self.tol, backward=self.backward)
-        if self.max_iter is not None:
-            opts["max_iter"] = self.max_iter
-        return opts
 
     def adjoint(self) -> "FirstOrderIntegrator":
         """The method of R_d* (Prop 2.5): Φ*_h = Φ_{−h}⁻¹; θ ↦ 1 − θ on the α-family."""
         return FirstOrderIntegrator(self.R.adjoint(), solver=self.solver, tol=self.tol,
                                     max_iter=self.max_iter, backward=self.backward, form=self.form)
 
-    def same_as(self, other) -> bool:
-        if not isinstance(other, FirstOrderIntegrator):
-            return False
-        if self.alpha is not None:
-            return self.alpha == other.alpha
-        return self.R is other.R
+    def key(self) -> tuple:
+        # the α-family runs one stage form whatever ``form``; other maps run the chosen form
+        return ("first_order", self.R.key(), None if self.alpha is not None else self.form)
 
     def step(self, system, x, p, t, h, cache=None):
         if p is not None:
@@ -180,10 +160,7 @@ class FirstOrderIntegrator(Integrator):
             return _field(system, tb, x + (a * h) * k)
 
         k0 = self._guess(system, x, t, cache)
-        if self.solver == "newton":
-            k = newton(identity_minus(stage), k0, args=(x,), **self._options())
-        else:
-            k = fixed_point(stage, k0, args=(x,), **self._options())
+        k = self.options.solve(stage, k0, (x,))
         # The stage derivative is the warm start of the next solve (no graph needed for a guess).
         return x + h * k, None, k.detach()
 
@@ -197,14 +174,12 @@ class FirstOrderIntegrator(Integrator):
         # The residuals below have Jacobian I + O(h), so z <- z - r(z) is a contraction for
         # small h (the α-family's own iteration, in other coordinates); Newton for stiff fields.
         # x (the state) is the solver's args: see solvers' note on args.
-        if self.solver == "newton":
-            return newton(residual, z0, args=(x,), **self._options())
-        return fixed_point(identity_minus(residual), z0, args=(x,), **self._options())
+        return self.options.root(residual, z0, (x,))
 
     def _base_step(self, system, x, t, h, cache):
-        a = getattr(self.R, "alpha", 0.5)
+        a = self.R.base_fraction
         tb = t + a * h
-        fwd, first = self.R._forward, _first_component(self.R)
+        fwd, first = self.R.forward_unchecked, _first_component(self.R)
 
         def residual(z, x):
             lhs = first(z, h * _field(system, tb, z))
@@ -215,10 +190,10 @@ class FirstOrderIntegrator(Integrator):
         return fwd(z, h * k)[1], None, k.detach()
 
     def _inverse_step(self, system, x, t, h, cache):
-        tb = t + getattr(self.R, "alpha", 0.5) * h
+        tb = t + self.R.base_fraction * h
 
         def residual(x1, x):
-            xb, v = self.R._inverse(x, x1)
+            xb, v = self.R.inverse_unchecked(x, x1)
             return v - h * _field(system, tb, xb)
 
         x1 = self._solve(residual, (x + h * self._guess(system, x, t, cache)).detach(), x)
@@ -238,16 +213,7 @@ def _build() -> dict[str, FirstOrderIntegrator]:
 
 #: Named eq. (1) methods: explicit_euler (θ = 0), implicit_euler (θ = 1), implicit_midpoint (θ = ½).
 FIRST_ORDER_METHODS: dict[str, FirstOrderIntegrator] = _build()
+register("first_order", FIRST_ORDER_METHODS, "a first-order system x' = X(x, t), state x (p0=None)")
 
 
-def get_first_order_method(method) -> FirstOrderIntegrator:
-    """A first-order integrator from a name in FIRST_ORDER_METHODS or an instance."""
-    if isinstance(method, Integrator) and getattr(method, "first_order", False):
-        return method
-    if isinstance(method, str) and method in FIRST_ORDER_METHODS:
-        return FIRST_ORDER_METHODS[method]
-    raise ValueError(f"unknown first-order method {method!r}; known: "
-                     f"{', '.join(sorted(FIRST_ORDER_METHODS))}, or pass a FirstOrderIntegrator")
-
-
-__all__ = ["FirstOrderIntegrator", "FIRST_ORDER_METHODS", "theta", "get_first_order_method"]
+__all__ = ["FirstOrderIntegrator", "FIRST_ORDER_METHODS", "theta"]

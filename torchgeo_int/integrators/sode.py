@@ -24,8 +24,9 @@ import torch
 from .._validate import check_even_last_dim, check_pair
 from ..lifts import TangentLift
 from ..maps import AlphaMap, DiscretizationMap, ForwardEulerMap, MidpointMap
-from ..solvers import fixed_point, identity_minus, newton
+from ..solvers import SolveOptions
 from .base import Integrator
+from .registry import register
 
 Tensor = torch.Tensor
 
@@ -59,13 +60,13 @@ def _velocity_dependent(system) -> bool:
 def _lifted(R: DiscretizationMap, x, xdot):
     """R_d^T(x, ẋ) of TangentLift(R) (THEORY §3)."""
     (q, v), (qd, vd) = _split(x), _split(xdot)
-    y0, y1 = R._forward(q, qd)
+    y0, y1 = R.forward_unchecked(q, qd)
     dy0, dy1 = R.jvp(q, qd, v, vd)
     return torch.cat([y0, dy0], -1), torch.cat([y1, dy1], -1)
 
 
 def _forward_on_tq(R: DiscretizationMap, x, xdot):
-    return _lifted(R.base, x, xdot) if isinstance(R, TangentLift) else R._forward(x, xdot)
+    return _lifted(R.base, x, xdot) if isinstance(R, TangentLift) else R.forward_unchecked(x, xdot)
 
 
 class SODECache:
@@ -173,7 +174,8 @@ class SODEIntegrator(Integrator):
 
     def __init__(self, R, *, equation: int = 11, order: int | None = None,
                  symmetric: bool | None = None, symplectic: bool = False, tol: float | None = None,
-                 max_iter: int | None = None, backward: str = "implicit", name: str | None = None):
+                 max_iter: int | None = None, backward: str = "implicit", name: str | None = None,
+                 solver: str = "newton"):
         if equation not in (10, 11):
             raise ValueError(f"equation must be 10 or 11 (the seed paper's), got {equation!r}")
         if not callable(R):
@@ -184,24 +186,18 @@ class SODEIntegrator(Integrator):
         self.symmetric = sym if symmetric is None else bool(symmetric)
         self.order = (2 if self.symmetric else 1) if order is None else int(order)
         self.symplectic = bool(symplectic)
-        self.tol, self.max_iter, self.backward = tol, max_iter, backward
+        self.options = SolveOptions(solver, tol, max_iter, backward)
         self.name = name or f"sode_eq{equation}({R})"
 
-    def _options(self):
-        opts = dict(tol=self.tol, backward=self.backward)
-        if self.max_iter is not None:
-            opts["max_iter"] = self.max_iter
-        return opts
+    def key(self) -> tuple:
+        # a map built per step (R(h)) is known by the callable's identity only
+        return ("sode", self.equation, self.R.key() if self._fixed else id(self.R))
 
     def map_for(self, h: float) -> DiscretizationMap:
         R = self.R if self._fixed else self.R(h)
         if not isinstance(R, DiscretizationMap):
             raise TypeError(f"R(h) must return a DiscretizationMap, got {type(R).__name__}")
         return R
-
-    def _base_fraction(self, R):
-        base = getattr(R, "base", R)
-        return float(getattr(base, "alpha", 0.5))
 
     def step(self, system, q, v, t, h, cache=None):
         acc = _acceleration(system)
@@ -223,12 +219,12 @@ class SODEIntegrator(Integrator):
             return _split(lhs - rhs)
 
         z0 = ((q + h * v).detach(), (v + h * a).detach())
-        q1, v1 = newton(residual, z0, args=(rhs,), **self._options())
+        q1, v1 = self.options.root(residual, z0, (rhs,), solver="newton")
         a1 = acc(q1, v1, t + h)
         return q1, v1, SODECache(a1)
 
     def _step11(self, acc, R, q, v, t, h, cache):
-        tb = t + self._base_fraction(R) * h
+        tb = t + R.base_fraction * h
         xk = torch.cat([q, v], -1)
 
         def halves(z):
@@ -239,7 +235,7 @@ class SODEIntegrator(Integrator):
             return _split(halves(z)[0] - xk)
 
         z0 = cache.stage if isinstance(cache, _BaseCache) else (q.detach(), v.detach())
-        zb = newton(residual, z0, args=(xk,), **self._options())
+        zb = self.options.root(residual, z0, (xk,), solver="newton")
         q1, v1 = _split(halves(zb)[1])
         return q1, v1, _BaseCache(zb)
 
@@ -261,24 +257,18 @@ class TangentLiftSODE(SODEIntegrator):
                  max_iter=None, backward="implicit", name=None):
         if not isinstance(R, DiscretizationMap):
             raise TypeError(f"TangentLiftSODE takes a DiscretizationMap on Q, got {type(R).__name__}")
-        if solver not in ("fixed_point", "newton"):
-            raise ValueError(f"solver must be 'fixed_point' or 'newton', got {solver!r}")
-        self.base_map, self.solver = R, solver
+        self.base_map = R
         self.alpha = R.alpha if isinstance(R, AlphaMap) else None
         super().__init__(TangentLift(R), equation=11, symmetric=R.symmetric,
                          symplectic=self.alpha == 0.5, tol=tol, max_iter=max_iter,
-                         backward=backward, name=name or f"tangent_lift_sode({R})")
+                         backward=backward, name=name or f"tangent_lift_sode({R})", solver=solver)
 
     def adjoint(self):
         return TangentLiftSODE(self.base_map.adjoint(), solver=self.solver, tol=self.tol,
                                max_iter=self.max_iter, backward=self.backward)
 
-    def same_as(self, other) -> bool:
-        if not isinstance(other, TangentLiftSODE):
-            return False
-        if self.alpha is not None:
-            return self.alpha == other.alpha
-        return self.base_map is other.base_map
+    def key(self) -> tuple:
+        return ("tangent_lift_sode", self.base_map.key())
 
     def step(self, system, q, v, t, h, cache=None):
         if self.alpha is None:
@@ -298,10 +288,7 @@ class TangentLiftSODE(SODEIntegrator):
         else:
             with torch.no_grad():
                 k0 = (v.detach(), acc(q, v, t).detach())
-        if self.solver == "newton":
-            k = newton(identity_minus(stage), k0, args=(q, v), **self._options())
-        else:
-            k = fixed_point(stage, k0, args=(q, v), **self._options())
+        k = self.options.solve(stage, k0, (q, v))
         return q + h * k[0], v + h * k[1], _StageCache(k)
 
 
@@ -332,13 +319,12 @@ class Newmark(SODEIntegrator):
     def __init__(self, gamma: float, beta: float, *, solver: str = "newton", tol=None,
                  max_iter=None, backward="implicit", name=None):
         gamma, beta = _real(gamma, "gamma"), _real(beta, "beta")
-        if solver not in ("fixed_point", "newton"):
-            raise ValueError(f"solver must be 'fixed_point' or 'newton', got {solver!r}")
-        self.gamma, self.beta, self.solver = gamma, beta, solver
+        self.gamma, self.beta = gamma, beta
         super().__init__(lambda h: NewmarkMap(gamma, beta, h), equation=10,
                          order=2 if gamma == 0.5 else 1, symmetric=gamma == 0.5,
                          symplectic=gamma == 0.5 and beta == 0.0, tol=tol, max_iter=max_iter,
-                         backward=backward, name=name or f"newmark(gamma={gamma:g}, beta={beta:g})")
+                         backward=backward, name=name or f"newmark(gamma={gamma:g}, beta={beta:g})",
+                         solver=solver)
 
     def is_explicit(self, system) -> bool:
         """Whether a step is explicit on ``system``: β = 0 and f independent of v (or γ = 0)."""
@@ -348,9 +334,9 @@ class Newmark(SODEIntegrator):
         return Newmark(1.0 - self.gamma, 0.5 - self.gamma + self.beta, solver=self.solver,
                        tol=self.tol, max_iter=self.max_iter, backward=self.backward)
 
-    def same_as(self, other) -> bool:
+    def key(self) -> tuple:
         """Same method (lets ``tgi.Composition`` recognise palindromic, symmetric compositions)."""
-        return isinstance(other, Newmark) and (self.gamma, self.beta) == (other.gamma, other.beta)
+        return ("newmark", self.gamma, self.beta)
 
     def generic(self) -> SODEIntegrator:
         """The same method through the generic eq. (10) Newton solve on the map (a check)."""
@@ -372,11 +358,7 @@ class Newmark(SODEIntegrator):
             def corrected(a_, qp, cv):   # (qp, cv): the solver's args
                 return acc(qp + bh2 * a_, cv + gh * a_, t1)
 
-            a0 = a.detach()
-            if self.solver == "newton":
-                a1 = newton(identity_minus(corrected), a0, args=(qp, cv), **self._options())
-            else:
-                a1 = fixed_point(corrected, a0, args=(qp, cv), **self._options())
+            a1 = self.options.solve(corrected, a.detach(), (qp, cv))
         return qp + bh2 * a1, cv + gh * a1, SODECache(a1)
 
 
@@ -408,15 +390,12 @@ class DiscreteSODE(Integrator):
         self.symmetric = R.symmetric
         self.order = 2 if R.symmetric else 1
         self.symplectic = False  # a map of Q×Q; its one-step form is TangentLiftSODE
-        self.tol, self.max_iter, self.backward = tol, max_iter, backward
+        self.options = SolveOptions("newton", tol, max_iter, backward)
         self.name = name or f"discrete_sode({R})"
-        self._a = getattr(R, "alpha", 0.5)
+        self._a = R.base_fraction
 
-    def _options(self):
-        opts = dict(tol=self.tol, backward=self.backward)
-        if self.max_iter is not None:
-            opts["max_iter"] = self.max_iter
-        return opts
+    def key(self) -> tuple:
+        return ("discrete_sode", self.R.key())
 
     def one_step_method(self) -> TangentLiftSODE:
         return TangentLiftSODE(self.R, solver="newton", tol=self.tol, max_iter=self.max_iter,
@@ -447,7 +426,7 @@ class DiscreteSODE(Integrator):
             def residual(q1, q, second):   # (q, second): the solver's args
                 return q1 - q - second - a * h * h * acc((1 - a) * q + a * q1, (q1 - q) / h, t_new)
 
-            q1 = newton(residual, (q + second).detach(), args=(q, second), **self._options())
+            q1 = self.options.root(residual, (q + second).detach(), (q, second))
             return q, q1, None
         # The base of the old pair is the one solved for in the previous step (no R_d⁻¹ solve);
         # it keeps its graph, because v_k depends on it.
@@ -456,13 +435,13 @@ class DiscreteSODE(Integrator):
 
         def residual(z, q, vk):   # (q, vk): the solver's args
             qb, w = z
-            y0 = self.R._forward(qb, w)[0]
+            y0 = self.R.forward_unchecked(qb, w)[0]
             u0 = self.R.jvp(qb, w, w / h, h * acc(qb, w / h, t_new))[0]
             return y0 - q, u0 - vk
 
         w0 = (h * vk).detach()
-        qb, w = newton(residual, (q.detach() + a * w0, w0), args=(q, vk), **self._options())
-        return q, self.R._forward(qb, w)[1], _PairCache((qb, w))
+        qb, w = self.options.root(residual, (q.detach() + a * w0, w0), (q, vk))
+        return q, self.R.forward_unchecked(qb, w)[1], _PairCache((qb, w))
 
 
 class _PairCache:
@@ -488,3 +467,4 @@ def _build_sode_methods() -> dict[str, Integrator]:
 
 #: Named second-order (state (q, v)) methods.
 SODE_METHODS: dict[str, Integrator] = _build_sode_methods()
+register("sode", SODE_METHODS, "a second-order system, state (q, v)")

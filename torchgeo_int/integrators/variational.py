@@ -22,11 +22,11 @@ import math
 
 import torch
 
-from ..lagrangian import (DiscreteLagrangian, Lagrangian, MechanicalLagrangian, _check_fractions,
-                          base_fraction)
-from ..maps import AlphaMap, DiscretizationMap, RetractionMap
-from ..solvers import ConvergenceError, newton
+from ..lagrangian import DiscreteLagrangian, Lagrangian, MechanicalLagrangian, check_fractions
+from ..maps import AlphaMap, DiscretizationMap
+from ..solvers import ConvergenceError, SolveOptions
 from .base import Integrator
+from .registry import register
 
 Tensor = torch.Tensor
 
@@ -63,14 +63,6 @@ def _velocity_guess(L: Lagrangian, q, p, t) -> Tensor:
         return torch.where(ok, v, zero)  # a singular W at v = 0 is judged after the solve
 
 
-def _same_map(A: DiscretizationMap, B: DiscretizationMap) -> bool:
-    if isinstance(A, AlphaMap) and isinstance(B, AlphaMap):
-        return A.alpha == B.alpha
-    if type(A) is RetractionMap and type(B) is RetractionMap:
-        return A.retraction is B.retraction and A.alpha == B.alpha
-    return A is B
-
-
 class VariationalIntegrator(Integrator):
     r"""The discrete variational integrator of L_d^h = h·L(R_d⁻¹/h) (Sect. 5.3), on the state (q, p).
 
@@ -97,34 +89,26 @@ class VariationalIntegrator(Integrator):
                             f"{type(R).__name__}")
         if single and fractions is not None and list(fractions) != [1.0]:
             raise ValueError("fractions are for a list of maps; a single map takes the whole step")
-        self.maps, self.fractions = _check_fractions([R] if single else R, fractions)
+        self.maps, self.fractions = check_fractions([R] if single else R, fractions)
         self.starts = [math.fsum(self.fractions[:i]) for i in range(len(self.maps))]
         self.symmetric = self._is_symmetric()
         self.order = 2 if self.symmetric else 1
-        self.tol, self.max_iter, self.backward = tol, max_iter, backward
+        self.options = SolveOptions("newton", tol, max_iter, backward)
         label = ", ".join(f"{m}" for m in self.maps)
         self.name = name or f"variational({label}; {self.fractions})"
 
     def _is_symmetric(self) -> bool:
         pairs = list(zip(self.maps, self.fractions))
-        return all(c == c2 and _same_map(R.adjoint(), R2)
+        return all(c == c2 and R.adjoint().key() == R2.key()
                    for (R, c), (R2, c2) in zip(pairs, reversed(pairs)))
-
-    def _options(self):
-        opts = dict(tol=self.tol, backward=self.backward)
-        if self.max_iter is not None:
-            opts["max_iter"] = self.max_iter
-        return opts
 
     def adjoint(self) -> "VariationalIntegrator":
         return VariationalIntegrator([R.adjoint() for R in reversed(self.maps)],
                                      list(reversed(self.fractions)), tol=self.tol,
                                      max_iter=self.max_iter, backward=self.backward)
 
-    def same_as(self, other) -> bool:
-        return (isinstance(other, VariationalIntegrator) and self.fractions == other.fractions
-                and all(_same_map(a, b) for a, b in zip(self.maps, other.maps))
-                and len(self.maps) == len(other.maps))
+    def key(self) -> tuple:
+        return ("variational", tuple(R.key() for R in self.maps), tuple(self.fractions))
 
     def step(self, system, q, p, t, h, cache=None):
         L = _lagrangian(system)
@@ -163,7 +147,7 @@ class VariationalIntegrator(Integrator):
                     qb, y0, end = start + R.alpha * w, None, start + w
                 else:
                     qb, w = z[i]
-                    y0, end = R._forward(qb, w)
+                    y0, end = R.forward_unchecked(qb, w)
                 _, _, D1, D2 = term.at_base(qb, w, hs, ts, ends=False)
                 out.append((end, D1, D2, None if y0 is None else y0 - start))
                 start = end
@@ -185,9 +169,9 @@ class VariationalIntegrator(Integrator):
             if isinstance(R, AlphaMap):
                 z0.append(v0)
             else:
-                z0 += [(start + base_fraction(R) * w).detach(), w.detach()]
+                z0 += [(start + R.base_fraction * w).detach(), w.detach()]
             start = start + w
-        z = newton(residual, tuple(z0), args=(q, p), **self._options())
+        z = self.options.root(residual, tuple(z0), (q, p))
         st = stages(self._unflat(z), q)
         return st[-1][0], st[-1][2]
 
@@ -219,9 +203,12 @@ class DiscreteEulerLagrange(Integrator):
     def __init__(self, R: DiscretizationMap, *, tol=None, max_iter=None, backward="implicit",
                  name=None):
         self.vi = VariationalIntegrator(R, tol=tol, max_iter=max_iter, backward=backward)
-        self.R = R
+        self.R, self.options = R, self.vi.options
         self.order, self.symmetric = self.vi.order, self.vi.symmetric
         self.name = name or f"discrete_euler_lagrange({R})"
+
+    def key(self) -> tuple:
+        return ("discrete_euler_lagrange", self.vi.key())
 
     def start(self, system, q0, p0, t=0.0, h=0.01) -> Tensor:
         """q₁ from (q₀, p₀): one variational step."""
@@ -254,3 +241,4 @@ def _build_variational_methods() -> dict[str, Integrator]:
 
 #: Named variational methods (state (q, p) of a Lagrangian system).
 VARIATIONAL_METHODS: dict[str, Integrator] = _build_variational_methods()
+register("variational", VARIATIONAL_METHODS, "a Lagrangian, state (q, p)")

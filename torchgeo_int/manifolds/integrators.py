@@ -35,16 +35,17 @@ import torch
 
 from ..integrators import TABLES, Composition
 from ..integrators.base import Integrator
-from ..solvers import fixed_point, identity_minus, newton
+from ..integrators.registry import register
+from ..maps import check_alpha
+from ..solvers import SolveOptions
 from . import so3
-from .lie import SO3xR3Group, SO3Group, Tau, _check_alpha
+from .lie import SO3xR3Group, SO3Group, Tau
 from .systems import HeavyTop, LieGroupSystem, SphericalPendulum
 
 Tensor = torch.Tensor
 
 __all__ = ["LieGroupIntegrator", "LieComposition", "Rattle", "lie_method", "LIE_METHODS"]
 
-_SOLVERS = ("fixed_point", "newton")
 _TAUS = ("cayley", "exp")
 
 
@@ -90,39 +91,29 @@ class LieGroupIntegrator(Integrator):
             tau = tau.name
         if tau not in _TAUS:
             raise ValueError(f"tau must be one of {_TAUS}, got {tau!r}")
-        if solver not in _SOLVERS:
-            raise ValueError(f"solver must be one of {_SOLVERS}, got {solver!r}")
-        self.tau_name, self.alpha = tau, _check_alpha(alpha)
-        self.solver, self.tol, self.max_iter, self.backward = solver, tol, max_iter, backward
-        self.check_every = check_every
+        self.tau_name, self.alpha = tau, check_alpha(alpha)
+        self.options = SolveOptions(solver, tol, max_iter, backward, check_every)
         self.symmetric = self.alpha == 0.5
         self.order = 2 if self.symmetric else 1
         kind = {0.5: "midpoint", 0.0: "euler", 1.0: "euler_adjoint"}.get(self.alpha,
                                                                          f"alpha{self.alpha:g}")
         self.name = name or f"lie_{kind}_{tau}"
 
-    def _opts(self):
-        opts = dict(tol=self.tol, backward=self.backward, check_every=self.check_every)
-        if self.max_iter is not None:
-            opts["max_iter"] = self.max_iter
-        return opts
+    @property
+    def check_every(self) -> int:
+        return self.options.check_every
 
     def _solve(self, F, z0, args):
         """z = F(z, *args); ``args`` holds the state F reads (see solvers' note on args)."""
-        if self.solver == "newton":
-            opts = self._opts()
-            opts.pop("check_every")
-            return newton(identity_minus(F), z0, args=args, **opts)
-        return fixed_point(F, z0, args=args, **self._opts())
+        return self.options.solve(F, z0, args)
 
     def adjoint(self):
         return LieGroupIntegrator(self.tau_name, 1.0 - self.alpha, solver=self.solver,
                                   tol=self.tol, max_iter=self.max_iter, backward=self.backward,
                                   check_every=self.check_every)
 
-    def same_as(self, other) -> bool:
-        return (isinstance(other, LieGroupIntegrator) and other.tau_name == self.tau_name
-                and other.alpha == self.alpha)
+    def key(self) -> tuple:
+        return ("lie_group", self.tau_name, self.alpha)
 
     def check_state(self, system, g, mu):
         """Validate a rollout's initial state (g (..., *point_shape), μ (..., dim))."""
@@ -324,6 +315,7 @@ def lie_method(name: str = "midpoint", tau: str = "cayley", **solver_options) ->
 #: Named Lie-group methods: ``lie_<midpoint|euler|euler_adjoint|table>_<cayley|exp>``.
 LIE_METHODS = {m.name: m for m in (lie_method(n, tau) for tau in _TAUS
                                    for n in ["midpoint", "euler", "euler_adjoint", *TABLES])}
+register("lie", LIE_METHODS, "a LieGroupSystem, state (g, mu)")
 
 
 class Rattle(Integrator):
@@ -342,8 +334,8 @@ class Rattle(Integrator):
     def adjoint(self):
         return self
 
-    def same_as(self, other):
-        return isinstance(other, Rattle)
+    def key(self) -> tuple:
+        return ("rattle",)
 
     def check_state(self, system, q, p):
         _check_sphere_system(system)

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from .._validate import check_finite
+from ..maps import check_alpha
 from . import so3
 
 Tensor = torch.Tensor
@@ -363,15 +364,6 @@ def get_group(group) -> LieGroup:
     raise ValueError(f"unknown group {group!r}; known: SO3, SO3xR3, or a LieGroup instance")
 
 
-def _check_alpha(alpha):
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-        raise TypeError(f"alpha must be a real number, got {type(alpha).__name__}")
-    alpha = float(alpha)
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
-    return alpha
-
-
 # -- discretization maps on G -----------------------------------------------------------------------
 class LieGroupMap(nn.Module):
     r"""R_d(g, ξ) = (g τ(−αξ), g τ((1−α)ξ)) on G, ξ ∈ 𝔤 left-trivialised (Prop 2.2 of the seed
@@ -386,7 +378,7 @@ class LieGroupMap(nn.Module):
         super().__init__()
         self.group = get_group(group)
         self.tau = self.group.tau(tau)
-        self.alpha = _check_alpha(alpha)
+        self.alpha = check_alpha(alpha)
 
     def extra_repr(self):
         return f"group={self.group.name}, tau={self.tau.name}, alpha={self.alpha}"

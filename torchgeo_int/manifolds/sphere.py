@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 
 from ..integrators.base import Integrator
-from ..maps import DiscretizationMap
-from ..solvers import fixed_point
+from ..maps import DiscretizationMap, check_alpha
+from ..solvers import SolveOptions
 
 Tensor = torch.Tensor
 
@@ -82,8 +82,7 @@ class SphereMap(DiscretizationMap):
         super().__init__()
         if retraction not in ("exp", "projection"):
             raise ValueError(f"retraction must be 'exp' or 'projection', got {retraction!r}")
-        from .lie import _check_alpha
-        self.alpha, self.retraction = _check_alpha(alpha), retraction
+        self.alpha, self.retraction = check_alpha(alpha), retraction
         self._R = exp if retraction == "exp" else retract
 
     def extra_repr(self):
@@ -95,6 +94,19 @@ class SphereMap(DiscretizationMap):
 
     def adjoint(self):
         return SphereMap(1.0 - self.alpha, self.retraction)
+
+    @property
+    def base_fraction(self) -> float:
+        return self.alpha
+
+    has_closed_inverse = True
+
+    def key(self) -> tuple:
+        return ("sphere", self.alpha, self.retraction)
+
+    def retract(self, x, v):
+        """R_x(v): the retraction the map is built from (``exp`` or the projection)."""
+        return self._R(x, v)
 
     def _forward(self, x, v):
         v = project(x, v)
@@ -147,7 +159,7 @@ class SphereODEIntegrator(Integrator):
         R = SphereMap() if R is None else R
         if not isinstance(R, SphereMap):
             raise TypeError(f"SphereODEIntegrator takes a SphereMap, got {type(R).__name__}")
-        self.R, self.tol, self.max_iter, self.backward = R, tol, max_iter, backward
+        self.R, self.options = R, SolveOptions("fixed_point", tol, max_iter, backward)
         self.symmetric = R.symmetric
         self.order = 2 if R.symmetric else 1
         self.name = name or f"sphere_{R.retraction}_alpha{R.alpha:g}"
@@ -156,9 +168,8 @@ class SphereODEIntegrator(Integrator):
         return SphereODEIntegrator(self.R.adjoint(), tol=self.tol, max_iter=self.max_iter,
                                    backward=self.backward)
 
-    def same_as(self, other):
-        return (isinstance(other, SphereODEIntegrator) and other.R.alpha == self.R.alpha
-                and other.R.retraction == self.R.retraction)
+    def key(self) -> tuple:
+        return ("sphere_ode", self.R.key())
 
     def step(self, system, x, p=None, t=0.0, h=0.01, cache=None):
         if p is not None:
@@ -169,17 +180,14 @@ class SphereODEIntegrator(Integrator):
             return project(y, system.vector_field(y, None, s))
 
         if a == 0.0:
-            return R._R(x, h * X(x, t)), None, None
+            return R.retract(x, h * X(x, t)), None, None
         tb = t + a * h
 
         def F(w, x):   # x: the solver's args (see solvers' note on args)
-            y = R._R(x, w)
-            xb, v = R._inverse(x, y)
+            y = R.retract(x, w)
+            xb, v = R.inverse_unchecked(x, y)
             return project(x, w - (v - h * X(xb, tb)))
 
-        opts = dict(tol=self.tol, backward=self.backward)
-        if self.max_iter is not None:
-            opts["max_iter"] = self.max_iter
         w0 = h * X(x, t) if cache is None else project(x, cache)
-        w = fixed_point(F, w0.detach() if cache is None else w0, args=(x,), **opts)
-        return R._R(x, w), None, w.detach()
+        w = self.options.solve(F, w0.detach() if cache is None else w0, (x,))
+        return R.retract(x, w), None, w.detach()

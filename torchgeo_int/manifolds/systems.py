@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..systems import SeparableHamiltonian, System, _takes_time, grad_of
+from ..systems import SeparableHamiltonian, System, takes_time, grad_of
 from .lie import LieGroup, get_group
 
 Tensor = torch.Tensor
@@ -78,7 +78,7 @@ class LieHamiltonian(LieGroupSystem):
             raise TypeError("fn must be callable as fn(g, mu) or fn(g, mu, t)")
         self.fn, self._grad = fn, grad
         target = fn if fn is not None else self._user_hamiltonian
-        self.time_dependent = _takes_time(target, 2) if time_dependent is None else time_dependent
+        self.time_dependent = takes_time(target, 2) if time_dependent is None else time_dependent
 
     def _user_hamiltonian(self, g, mu):
         raise NotImplementedError("pass fn or override hamiltonian(g, mu)")
@@ -127,7 +127,7 @@ class RigidBody(LieGroupSystem):
         super().__init__(group)
         self.inertia = _as_inertia(inertia, self.group.dim)
         self.potential, self.potential_grad = potential, potential_grad
-        self.time_dependent = potential is not None and _takes_time(potential, 1)
+        self.time_dependent = potential is not None and takes_time(potential, 1)
 
     def inertia_matrix(self, dtype=None):
         I = self.inertia if self.inertia.dim() == 2 else torch.diag(self.inertia)

@@ -1,0 +1,184 @@
+"""The declared protocols and the one registry (issue 18): equality by value of integrators and
+maps, the public map protocol, one SolveOptions, every registered name reaching rollout/odeint."""
+import math
+
+import pytest
+import torch
+
+import torchgeo_int as tgi
+from torchgeo_int.integrators.registry import FAMILIES, family_of, get_method
+from torchgeo_int.lagrangian import Lagrangian, SecondOrderSystem
+from torchgeo_int.manifolds.systems import FreeRigidBody
+from torchgeo_int.solvers import SolveOptions
+
+F64 = torch.float64
+
+
+def linear(x, v):
+    return x + v
+
+
+# -- declared order/symmetry: equality by value ----------------------------------------------------
+def test_composition_of_a_retraction_map_declares_the_alpha_map_order():
+    """The bug of issue 18: a non-α map was compared by identity, so its adjoint (a new object)
+    was 'another method' and the triple jump over it declared order 2, not symmetric."""
+    gammas = tgi.TABLES["yoshida4"].gammas
+    retr = tgi.Composition(tgi.CotangentLiftIntegrator(tgi.RetractionMap(linear, alpha=0.5)), gammas)
+    alpha = tgi.Composition(tgi.CotangentLiftIntegrator(tgi.AlphaMap(0.5)), gammas)
+    assert (retr.order, retr.symmetric) == (alpha.order, alpha.symmetric) == (4, True)
+    # α ≠ ½ is not symmetric, whatever the retraction: no order raise
+    skew = tgi.Composition(tgi.CotangentLiftIntegrator(tgi.RetractionMap(linear, alpha=0.3)), gammas)
+    assert (skew.order, skew.symmetric) == (1, False)
+    # the order it declares is the order it has: error ratio 2^4 on halving h (harmonic oscillator)
+    H = tgi.Hamiltonian(lambda q, p: 0.5 * (q * q + p * p).sum(-1))
+    q0, p0 = torch.tensor([[1.0]], dtype=F64), torch.tensor([[0.0]], dtype=F64)
+    errs = []
+    for n in (8, 16):
+        q, p = tgi.rollout(H, q0, p0, h=1.0 / n, steps=n, method=retr)
+        errs.append(math.hypot(float(q[-1, 0, 0]) - math.cos(1.0), float(p[-1, 0, 0]) + math.sin(1.0)))
+    assert 2 ** 3.7 < errs[0] / errs[1] < 2 ** 4.3
+
+
+def test_integrators_and_maps_compare_by_value():
+    mid = tgi.CotangentLiftIntegrator(tgi.MidpointMap())
+    assert mid == tgi.METHODS["implicit_midpoint"] and hash(mid) == hash(tgi.METHODS["implicit_midpoint"])
+    assert tgi.METHODS["verlet"] == tgi.METHODS["verlet"].adjoint()
+    assert tgi.METHODS["symplectic_euler"] != tgi.METHODS["symplectic_euler_adjoint"]
+    assert tgi.METHODS["symplectic_euler"].adjoint() == tgi.METHODS["symplectic_euler_adjoint"]
+    # solver settings are not the method: the same map of states
+    assert tgi.CotangentLiftIntegrator(tgi.MidpointMap(), solver="newton", tol=1e-6) == mid
+    r = tgi.RetractionMap(linear, 0.5)
+    assert r.key() == r.adjoint().key() == tgi.RetractionMap(linear, 0.5).key()
+    assert r.key() != tgi.RetractionMap(lambda x, v: x + v, 0.5).key()   # functions: by identity
+
+    class Warped(tgi.RetractionMap):   # another map under the same retraction and α
+        def _forward(self, x, v):
+            y0, y1 = super()._forward(x, v)
+            return y0, y1 + 0.1 * v ** 2
+
+    assert Warped(linear, 0.5).key() != r.key()
+    assert tgi.CotangentLiftIntegrator(Warped(linear, 0.5)) != tgi.CotangentLiftIntegrator(r)
+
+
+def test_map_protocol_is_public():
+    """What integrators need of a map: base_fraction, has_closed_inverse, unchecked forward/inverse."""
+    x, v = torch.tensor([[0.3, -0.2]], dtype=F64), torch.tensor([[0.1, 0.4]], dtype=F64)
+    cases = [(tgi.AlphaMap(0.3), 0.3, True), (tgi.RetractionMap(linear, 0.3), 0.3, False),
+             (tgi.RetractionMap(linear, 0.3, inverse=tgi.AlphaMap(0.3).inverse), 0.3, True),
+             (tgi.RetractionMap(linear, 0.3).adjoint(), 0.7, False),
+             (tgi.AdjointMap(tgi.AlphaMap(0.2)), 0.8, True)]
+    for R, frac, closed in cases:
+        assert R.base_fraction == pytest.approx(frac) and R.has_closed_inverse == closed
+        y = R.forward_unchecked(x, v)
+        assert all(torch.equal(a, b) for a, b in zip(y, R(x, v)))
+        back = R.inverse_unchecked(*y)
+        assert torch.allclose(back[0], x) and torch.allclose(back[1], v)
+    lift = tgi.CotangentLift(tgi.AlphaMap(0.25))
+    assert lift.base_fraction == 0.25 and lift.has_closed_inverse
+    assert lift.key() == tgi.CotangentLift(tgi.AlphaMap(0.25)).key()
+
+
+def test_integrator_declares_its_protocol():
+    for family, table in FAMILIES.items():
+        for m in table.values():
+            assert isinstance(m.first_order, bool) and m.first_order == (family == "first_order")
+            assert m.check_state is None or callable(m.check_state)
+            assert m.options is None or isinstance(m.options, SolveOptions)
+    assert tgi.METHODS["verlet"].options is None or tgi.METHODS["verlet"].solver == "fixed_point"
+    m = tgi.METHODS["implicit_midpoint_yoshida4"].with_options(solver="newton", tol=1e-12)
+    assert all(s.solver == "newton" and s.tol == 1e-12 for s, _ in m.stages())
+    assert m == tgi.METHODS["implicit_midpoint_yoshida4"] and m.name == "implicit_midpoint_yoshida4"
+
+
+# -- one set of solver options -----------------------------------------------------------------------
+def test_solve_options_solve_both_forms_with_both_solvers():
+    a = torch.tensor([[0.5], [-0.25]], dtype=F64, requires_grad=True)
+
+    def G(z, a):           # z = a cos z: fixed-point form
+        return a * torch.cos(z)
+
+    def F(z, a):           # the same equation as a residual
+        return z - a * torch.cos(z)
+
+    sols = []
+    for solver in ("fixed_point", "newton"):
+        opts = SolveOptions(solver, tol=1e-13)
+        for z in (opts.solve(G, torch.zeros_like(a), (a,)), opts.root(F, torch.zeros_like(a), (a,))):
+            assert torch.allclose(z, a * torch.cos(z), atol=1e-12, rtol=0)
+            sols.append(z)
+    # implicit-function-theorem gradients: dz/da = cos z / (1 + a sin z)
+    z = sols[-1]
+    (g,) = torch.autograd.grad(z.sum(), a)
+    assert torch.allclose(g, (torch.cos(z) / (1 + a * torch.sin(z))).detach(), atol=1e-10)
+    with pytest.raises(ValueError, match="solver must be one of"):
+        SolveOptions("bisection")
+    with pytest.raises(ValueError, match="max_iter"):
+        SolveOptions(max_iter=0)
+    with pytest.raises(ValueError, match="backward"):
+        SolveOptions(backward="adjoint")
+    with pytest.raises(ValueError, match="tol"):
+        SolveOptions(tol=-1.0)
+
+
+def test_every_implicit_integrator_takes_its_options_from_one_place():
+    for table in FAMILIES.values():
+        for m in table.values():
+            for s, _ in m.stages():
+                if s.options is not None:
+                    assert (s.solver, s.tol, s.max_iter, s.backward) == (
+                        s.options.solver, s.options.tol, s.options.max_iter, s.options.backward)
+                    assert not hasattr(s, "_options")
+
+
+# -- one registry --------------------------------------------------------------------------------------
+def _state(family):
+    gen = torch.Generator().manual_seed(0)
+    q = 0.3 * torch.randn(2, 2, generator=gen, dtype=F64)
+    p = 0.3 * torch.randn(2, 2, generator=gen, dtype=F64)
+    if family == "hamiltonian":
+        return tgi.Hamiltonian(lambda q, p: 0.5 * (p * p).sum(-1) + (1 - torch.cos(q)).sum(-1)), q, p
+    if family == "first_order":
+        return tgi.ODESystem(lambda t, x: torch.stack([x[..., 1], -torch.sin(x[..., 0])], -1)), q, None
+    if family == "sode":
+        return SecondOrderSystem.from_potential(lambda q: (1 - torch.cos(q)).sum(-1)), q, p
+    if family == "variational":
+        return Lagrangian.mechanical(lambda q: (1 - torch.cos(q)).sum(-1), torch.eye(2, dtype=F64)), q, p
+    if family == "lie":
+        system = FreeRigidBody(torch.tensor([1.0, 2.0, 3.5], dtype=F64))
+        return system, system.group.random(2, generator=gen, dtype=F64), torch.randn(2, 3, generator=gen, dtype=F64)
+    raise AssertionError(f"a new family {family!r}: give it a state here")
+
+
+@pytest.mark.parametrize("family", ["hamiltonian", "first_order", "sode", "variational", "lie"])
+def test_every_registered_name_reaches_rollout_and_odeint(family):
+    assert set(FAMILIES) == {"hamiltonian", "first_order", "sode", "variational", "lie"}
+    system, q0, p0 = _state(family)
+    for name, m in FAMILIES[family].items():
+        assert get_method(name, first_order=family == "first_order") is m
+        out = tgi.rollout(system, q0, p0, h=0.05, steps=2, method=name)
+        out = out if isinstance(out, tuple) else (out,)
+        assert all(o.shape == (3, *x.shape) and torch.isfinite(o).all()
+                   for o, x in zip(out, (q0, p0)) if x is not None), name
+        # odeint: (q, p) of a vector field, or x of a first-order one; the other families'
+        # states are not a flat y, and odeint says where they go
+        t = torch.linspace(0.0, 0.1, 3, dtype=F64)
+        if family == "hamiltonian":
+            y = tgi.odeint(lambda t, y: torch.cat([y[..., 2:], -torch.sin(y[..., :2])], -1),
+                           torch.cat([q0, p0], -1), t, method=name)
+        elif family == "first_order":
+            y = tgi.odeint(lambda t, x: torch.stack([x[..., 1], -torch.sin(x[..., 0])], -1),
+                           q0, t, method=name)
+        else:
+            with pytest.raises(ValueError, match=f"{family}.*tgi.rollout"):
+                tgi.odeint(lambda t, y: -y, q0, t, method=name)
+            continue
+        assert y.shape == (3, *y.shape[1:]) and torch.isfinite(y).all(), name
+        assert family_of(name) in ("hamiltonian", "first_order")
+
+
+def test_one_error_lists_every_family():
+    with pytest.raises(ValueError) as err:
+        tgi.get_method("no_such_method")
+    msg = str(err.value)
+    for family, table in FAMILIES.items():
+        assert family in msg and all(name in msg for name in table)
