@@ -182,3 +182,49 @@ def test_one_error_lists_every_family():
     msg = str(err.value)
     for family, table in FAMILIES.items():
         assert family in msg and all(name in msg for name in table)
+
+
+# -- one module per extension ------------------------------------------------------------------------
+def test_a_new_table_map_and_gradient_mode_each_touch_one_module(monkeypatch):
+    """README 'Architecture': a composition table is an entry of integrators/composition.TABLES,
+    a map a DiscretizationMap subclass (maps.py), a gradient mode a GradMode (gradients.py);
+    everything downstream takes them as they are."""
+    from torchgeo_int.gradients import Backprop, GradMode
+    from torchgeo_int.manifolds.integrators import lie_method
+
+    # a table: the triple jump again under a new name (TABLES is where lie_method looks too)
+    c = 2.0 ** (1 / 3)
+    g1 = 1 / (2 - c)
+    table = tgi.CoefficientTable("triple_jump", 4, (g1, 1 - 2 * g1, g1), "Yoshida (1990)")
+    monkeypatch.setitem(tgi.TABLES, table.name, table)
+    assert tgi.Composition(tgi.METHODS["verlet"], table.gammas).order == 4
+    assert lie_method("triple_jump").order == 4
+
+    # a map: only _forward; the generic inverse, lifts and integrators follow
+    class Cubic(tgi.DiscretizationMap):
+        def _forward(self, x, v):
+            return x - 0.5 * v - 0.01 * v ** 3, x + 0.5 * v + 0.01 * v ** 3
+
+    m = tgi.CotangentLiftIntegrator(Cubic())
+    H = tgi.Hamiltonian(lambda q, p: 0.5 * (q * q + p * p).sum(-1))
+    q0, p0 = torch.tensor([[1.0]], dtype=F64), torch.tensor([[0.0]], dtype=F64)
+    q, p = tgi.rollout(H, q0, p0, h=0.1, steps=10, method=m)
+    assert torch.isfinite(q).all() and abs(float(q[-1, 0, 0]) - math.cos(1.0)) < 1e-2
+
+    # a gradient mode: a GradMode subclass, passed as grad=
+    class Counting(GradMode):
+        name = "counting"
+
+        def __init__(self):
+            self.calls = 0
+
+        def run(self, integrator, step, q0, p0, **kw):
+            def counted(*args):
+                self.calls += 1
+                return step(*args)
+            return Backprop().run(integrator, counted, q0, p0, **kw)
+
+    mode = Counting()
+    q2, p2 = tgi.rollout(H, q0, p0, h=0.1, steps=10, method="implicit_midpoint", grad=mode)
+    q1, p1 = tgi.rollout(H, q0, p0, h=0.1, steps=10, method="implicit_midpoint")
+    assert mode.calls == 10 and torch.equal(q1, q2) and torch.equal(p1, p2)

@@ -1,6 +1,7 @@
 """torchgeo_int: geometric integrators for PyTorch, built from discretization maps.
 
-Data flows one way: maps → lifts → integrators → rollout/odeint → nn.
+Data flows one way: maps → lifts → integrators → solve (one path) → rollout/odeint → nn
+(README, section Architecture).
 """
 from .maps import (AdjointMap, AlphaMap, BackwardEulerMap, DiscretizationMap, ForwardEulerMap,
                    MidpointMap, RetractionMap)
@@ -15,7 +16,7 @@ from .integrators.variational import VARIATIONAL_METHODS, DiscreteEulerLagrange,
 from .lagrangian import (ComposedDiscreteLagrangian, DegenerateLagrangianError, DiscreteLagrangian,
                          Lagrangian, MechanicalLagrangian, SecondOrderSystem)
 from .rollout import rollout
-from .odeint import odeint, odeint_adjoint
+from ._odeint import odeint, odeint_adjoint
 from . import distributed, manifolds, nn
 
 __version__ = "0.1.0"

@@ -47,6 +47,9 @@ core: as much as a whole eager Verlet step on a small batch).  Here:
 Compiled graphs are kept per (integrator, system) pair, for the last ``KEEP`` pairs, and each
 pair has its own code objects (dynamo's recompile limit counts per code object).  Results agree
 with the eager rollout to round-off (inductor fuses and may reorder arithmetic).
+
+Size: the compiled kernels, the compiled stepper and the compiled rollout plan (blocks, macro
+steps) share one kernel cache and one fallback policy.
 """
 from __future__ import annotations
 
@@ -58,6 +61,7 @@ import warnings
 
 import torch
 
+from ._loop import run_loop
 from .integrators.base import explicit_splitting
 from .solvers import ConvergenceError
 
@@ -404,8 +408,6 @@ def compiled_rollout(integrator, system, q0, p0, *, h, steps, t0=0.0, save_every
     steps — K'-fold macro steps when ``save_every`` allows (only the saved states are formed),
     else :class:`CompiledStep` lookahead blocks.  Same outputs as ``run_loop(integrator.step,
     ...)`` up to round-off.  ``step_offset`` numbers the steps in errors (a continued run)."""
-    from .rollout import run_loop
-
     K = default_block(integrator, system) if block is None else block
     args = dict(system=system, save_every=save_every, t0=t0)
     Km = _macro_block(K, save_every) if p0 is not None and not torch.is_grad_enabled() else 1

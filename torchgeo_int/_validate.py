@@ -39,3 +39,10 @@ def check_even_last_dim(x: torch.Tensor, name: str) -> int:
         raise ValueError(f"{name} is a point of a tangent/cotangent bundle, cat([q, v|p], -1): "
                          f"its last dim must be even, got {m}")
     return m // 2
+
+
+def check_int(value, name: str, minimum: int) -> int:
+    """An int (not a bool) >= minimum."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value

@@ -22,6 +22,9 @@ Rollouts:
 * :func:`sharded_rollout`    split a batch of initial conditions over the ranks, roll out each
   shard with :func:`torchgeo_int.rollout`, and reduce energy-error statistics (optionally
   gather the trajectories) on rank 0.
+
+Size: process-group set-up, the sharded sampler/loader and the sharded rollout are the
+scale-out layer as one unit; they call ``rollout`` only.
 """
 from __future__ import annotations
 

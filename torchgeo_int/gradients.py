@@ -66,14 +66,18 @@ tensor requiring grad is refused with a ValueError (it would silently get no gra
 """
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 
 import torch
+
+from ._loop import run_loop
 from .integrators.base import explicit_splitting
-from .integrators.cotangent import CotangentLiftIntegrator
-from .rollout import run_loop
 from .solvers import default_tol
+
+#: The names ``rollout(..., grad=...)`` and ``odeint``'s ``options["grad"]`` take.
+GRAD_MODES = ("backprop", "checkpoint", "reversible")
 
 
 def not_reversible(integrator, system) -> str | None:
@@ -82,26 +86,168 @@ def not_reversible(integrator, system) -> str | None:
         return "it is not symmetric (its −h step does not invert it)"
     if explicit_splitting(integrator, system):
         return None                                   # explicit: Φ_{−h} is explicit
-    if all(isinstance(m, CotangentLiftIntegrator) for m, _ in integrator.stages()):
+    if all(m.steps_backward for m, _ in integrator.stages()):
         return None                                   # implicit: Φ_{−h} is one more solve
     return "its steps are not cotangent-lift steps of (q, p)"
 
 
-def rollout_with_grad_mode(grad, integrator, step, q0, p0, *, system, h, steps, t0, save_every,
-                           check_every, step_offset=0, params_checked=False, **options):
-    """The rollout of ``steps`` steps in a lean gradient mode; returns (qs, ps) like ``run_loop``.
+class GradMode:
+    """How gradients flow through a rollout: a small object that owns its variant of the loop.
 
-    ``step_offset`` numbers the steps in errors (a run that continues an earlier one, as
-    ``odeint``'s groups of intervals do); ``params_checked=True`` says that ``options['params']``
-    comes from :func:`resolve_params` for this step and system (skip the probe step)."""
-    args = dict(system=system, h=h, t0=t0, check_every=check_every, step_offset=step_offset,
-                params_checked=params_checked)
-    if grad == "checkpoint":
-        return _checkpointed(step, q0, p0, steps=steps, save_every=save_every, **args, **options)
-    if grad == "reversible":
-        return _reversible(integrator, step, q0, p0, steps=steps, save_every=save_every, **args,
-                           **options)
-    raise ValueError(f"unknown grad mode {grad!r}")
+    ``run(integrator, step, q0, p0, *, cache=None, return_cache=False, **loop)`` returns what
+    :func:`run_loop` returns; ``loop`` is run_loop's ``system, h, steps, t0, save_every,
+    check_every, step_offset``.  A new mode is one subclass here (and its name in
+    :func:`grad_mode` if it is to be chosen by name)."""
+
+    name = "backprop"
+
+    def run(self, integrator, step, q0, p0, *, cache=None, return_cache=False, **loop):
+        raise NotImplementedError
+
+    def with_params(self, step, system, states, t0, h) -> "GradMode":
+        """The mode with its parameters resolved once (a driver running several segments)."""
+        return self
+
+
+class Backprop(GradMode):
+    """Plain autograd through every step: memory O(steps)."""
+
+    name = "backprop"
+
+    def run(self, integrator, step, q0, p0, *, cache=None, return_cache=False, **loop):
+        return run_loop(step, q0, p0, cache=cache, return_cache=return_cache, **loop)
+
+
+class _Lean(GradMode):
+    """A memory-lean mode: differentiates w.r.t. the state and ``params`` (default: the system
+    module's parameters, resolved by a probe step); each run starts a fresh FSAL cache."""
+
+    option = ""   # the mode's own option (its one keyword besides ``params``)
+
+    def __init__(self, params=None, **option):
+        if set(option) - {self.option}:
+            raise TypeError(f"unexpected options for grad={self.name!r}: {sorted(option)}")
+        setattr(self, self.option, option.get(self.option))
+        self.params, self.params_checked = params, False
+
+    def with_params(self, step, system, states, t0, h):
+        if not torch.is_grad_enabled():
+            return self
+        out = copy.copy(self)
+        out.params = resolve_params(step, system, states, t0, h, self.params)
+        out.params_checked = True
+        return out
+
+    def run(self, integrator, step, q0, p0, *, cache=None, return_cache=False, **loop):
+        res = self._run(integrator, step, q0, p0, params_checked=self.params_checked,
+                        params=self.params, **loop)
+        return (res, None) if return_cache else res
+
+
+class Checkpoint(_Lean):
+    """Segments of ``segment`` steps (default ⌈√steps⌉) recomputed in backward: O(√steps)."""
+
+    name, option = "checkpoint", "segment"
+
+    def _run(self, integrator, step, q0, p0, *, system, h, steps, t0, save_every, check_every,
+             step_offset, params_checked, params):
+        segment = self.segment
+        if segment is None:
+            segment = max(1, math.isqrt(max(steps, 1) - 1) + 1)   # ⌈√steps⌉
+        if isinstance(segment, bool) or not isinstance(segment, int) or segment < 1:
+            raise ValueError(f"segment must be a positive int, got {segment!r}")
+        # A segment at least save_every long is rounded down to a multiple of it, so every
+        # segment's saved frames line up with the global ones (run_loop saves them itself).  A
+        # shorter one (sparse outputs, e.g. only the final state) runs its steps with every state
+        # kept and hands on only the global frames that fall in it and its final state: rounding it
+        # up to save_every instead would make one segment of the whole rollout (plain backprop).
+        aligned = segment >= save_every
+        if aligned:
+            segment -= segment % save_every
+        states = (q0,) if p0 is None else (q0, p0)
+        if not torch.is_grad_enabled():
+            return run_loop(step, q0, p0, system=system, h=h, steps=steps, t0=t0,
+                            save_every=save_every, check_every=check_every, step_offset=step_offset)
+        params = (list(params) if params_checked
+                  else resolve_params(step, system, states, t0, h, params))
+        outs = [[x.unsqueeze(0)] for x in states]
+        for done in range(0, steps, segment):
+            n = min(segment, steps - done)
+            if aligned:
+                keep = None
+                n_frames = n // save_every
+            else:
+                # local indices (1..n) of the global frames k·save_every in (done, done + n], then n
+                first = (done // save_every + 1) * save_every - done
+                frames = list(range(first, n + 1, save_every))
+                n_frames = len(frames)
+                keep = frames if frames and frames[-1] == n else frames + [n]
+
+            def run(*xs, n=n, done=done, keep=keep):
+                traj = run_loop(step, xs[0], xs[1] if len(xs) > 1 else None, system=system, h=h,
+                                steps=n, t0=t0 + done * h, save_every=save_every if keep is None else 1,
+                                check_every=check_every, step_offset=step_offset + done)
+                traj = [x for x in traj if x is not None]
+                if keep is None:
+                    return tuple(x[1:] for x in traj)
+                return tuple(x[keep] for x in traj)
+
+            traj = _Segment.apply(run, len(states), *states, *params)
+            for o, x in zip(outs, traj):
+                if n_frames:
+                    o.append(x[:n_frames])
+            if done + n < steps:   # not the last segment: its final state starts the next one
+                states = tuple(x[-1] for x in traj)
+        result = tuple(torch.cat(o) for o in outs)
+        return (result[0], None) if p0 is None else result
+
+
+class Reversible(_Lean):
+    """States reconstructed backwards by Φ_{−h} (symmetric methods): graph memory O(1)."""
+
+    name, option = "reversible", "reconstruction_tol"
+
+    def _run(self, integrator, step, q0, p0, *, system, h, steps, t0, save_every, check_every,
+             step_offset, params_checked, params):
+        reconstruction_tol = self.reconstruction_tol
+        why = "its state has no p" if p0 is None else not_reversible(integrator, system)
+        if why:
+            raise ValueError(
+                f"grad='reversible' needs a symmetric method of (q, p): verlet and its compositions, "
+                f"implicit midpoint and its compositions; {integrator.name!r} cannot: {why}. "
+                "Use grad='checkpoint' (exact, O(√steps) memory).")
+        if reconstruction_tol is None:
+            reconstruction_tol = 1e3 * torch.finfo(q0.dtype).eps
+            if not explicit_splitting(integrator, system):
+                # each −h solve stops within the solver's tolerance τ: allow steps·τ (backprop's
+                # implicit gradients are no more accurate than τ either)
+                tau = max(m.tol if m.tol is not None else default_tol(q0.dtype)
+                          for m, _ in integrator.stages())
+                reconstruction_tol = max(reconstruction_tol, steps * tau)
+        if not torch.is_grad_enabled():
+            params = []
+        else:
+            params = (list(params) if params_checked
+                      else resolve_params(step, system, (q0, p0), t0, h, params))
+        spec = (step, system, h, steps, t0, save_every, check_every, reconstruction_tol, step_offset)
+        return _Reversible.apply(spec, q0, p0, *params)
+
+
+_MODES = {"backprop": Backprop, "checkpoint": Checkpoint, "reversible": Reversible}
+
+
+def grad_mode(grad="backprop", **options) -> GradMode:
+    """The mode object of a name in ``GRAD_MODES`` (options: ``segment``, ``params`` for
+    checkpoint; ``reconstruction_tol``, ``params`` for reversible), or a GradMode itself."""
+    if isinstance(grad, GradMode):
+        if options:
+            raise TypeError(f"options go to the GradMode's constructor, got {sorted(options)}")
+        return grad
+    if grad not in GRAD_MODES:
+        raise ValueError(f"grad must be one of {GRAD_MODES}, got {grad!r}")
+    if options and grad == "backprop":
+        raise TypeError(f"unexpected options for grad='backprop': {sorted(options)}")
+    return _MODES[grad](**options)
 
 
 class _Segment(torch.autograd.Function):
@@ -129,58 +275,6 @@ class _Segment(torch.autograd.Function):
             inputs = [*states, *tensors[n:]]
             out = torch.autograd.grad(traj, inputs, grads, allow_unused=True)
         return (None, None, *out)
-
-
-def _checkpointed(step, q0, p0, *, system, h, steps, t0, save_every, check_every, step_offset,
-                  params_checked, segment=None, params=None):
-    if segment is None:
-        segment = max(1, math.isqrt(max(steps, 1) - 1) + 1)   # ⌈√steps⌉
-    if isinstance(segment, bool) or not isinstance(segment, int) or segment < 1:
-        raise ValueError(f"segment must be a positive int, got {segment!r}")
-    # A segment at least save_every long is rounded down to a multiple of it, so every
-    # segment's saved frames line up with the global ones (run_loop saves them itself).  A
-    # shorter one (sparse outputs, e.g. only the final state) runs its steps with every state
-    # kept and hands on only the global frames that fall in it and its final state: rounding it
-    # up to save_every instead would make one segment of the whole rollout (plain backprop).
-    aligned = segment >= save_every
-    if aligned:
-        segment -= segment % save_every
-    states = (q0,) if p0 is None else (q0, p0)
-    if not torch.is_grad_enabled():
-        return run_loop(step, q0, p0, system=system, h=h, steps=steps, t0=t0,
-                        save_every=save_every, check_every=check_every, step_offset=step_offset)
-    params = (list(params) if params_checked
-              else resolve_params(step, system, states, t0, h, params))
-    outs = [[x.unsqueeze(0)] for x in states]
-    for done in range(0, steps, segment):
-        n = min(segment, steps - done)
-        if aligned:
-            keep = None
-            n_frames = n // save_every
-        else:
-            # local indices (1..n) of the global frames k·save_every in (done, done + n], then n
-            first = (done // save_every + 1) * save_every - done
-            frames = list(range(first, n + 1, save_every))
-            n_frames = len(frames)
-            keep = frames if frames and frames[-1] == n else frames + [n]
-
-        def run(*xs, n=n, done=done, keep=keep):
-            traj = run_loop(step, xs[0], xs[1] if len(xs) > 1 else None, system=system, h=h,
-                            steps=n, t0=t0 + done * h, save_every=save_every if keep is None else 1,
-                            check_every=check_every, step_offset=step_offset + done)
-            traj = [x for x in traj if x is not None]
-            if keep is None:
-                return tuple(x[1:] for x in traj)
-            return tuple(x[keep] for x in traj)
-
-        traj = _Segment.apply(run, len(states), *states, *params)
-        for o, x in zip(outs, traj):
-            if n_frames:
-                o.append(x[:n_frames])
-        if done + n < steps:   # not the last segment: its final state starts the next one
-            states = tuple(x[-1] for x in traj)
-    result = tuple(torch.cat(o) for o in outs)
-    return (result[0], None) if p0 is None else result
 
 
 def resolve_params(step, system, states, t0, h, params=None):
@@ -266,28 +360,3 @@ class _Reversible(torch.autograd.Function):
                           "accurate than that. Use grad='checkpoint' for exact gradients.",
                           RuntimeWarning, stacklevel=2)
         return (None, gq, gp, *gparams)
-
-
-def _reversible(integrator, step, q0, p0, *, system, h, steps, t0, save_every, check_every,
-                step_offset, params_checked, params=None, reconstruction_tol=None):
-    why = "its state has no p" if p0 is None else not_reversible(integrator, system)
-    if why:
-        raise ValueError(
-            f"grad='reversible' needs a symmetric method of (q, p): verlet and its compositions, "
-            f"implicit midpoint and its compositions; {integrator.name!r} cannot: {why}. "
-            "Use grad='checkpoint' (exact, O(√steps) memory).")
-    if reconstruction_tol is None:
-        reconstruction_tol = 1e3 * torch.finfo(q0.dtype).eps
-        if not explicit_splitting(integrator, system):
-            # each −h solve stops within the solver's tolerance τ: allow steps·τ (backprop's
-            # implicit gradients are no more accurate than τ either)
-            tau = max(m.tol if m.tol is not None else default_tol(q0.dtype)
-                      for m, _ in integrator.stages())
-            reconstruction_tol = max(reconstruction_tol, steps * tau)
-    if not torch.is_grad_enabled():
-        params = []
-    else:
-        params = (list(params) if params_checked
-                  else resolve_params(step, system, (q0, p0), t0, h, params))
-    spec = (step, system, h, steps, t0, save_every, check_every, reconstruction_tol, step_offset)
-    return _Reversible.apply(spec, q0, p0, *params)

@@ -12,6 +12,9 @@ r"""The Lagrangian side, on TQ: second-order systems, Lagrangians and discrete L
 
 Gradients follow ``systems.py``: autograd, keeping a graph when grad mode is on and something they
 depend on requires grad (``systems.grad_of``).
+
+Size: continuous Lagrangians, their Legendre maps and the discrete Lagrangians built on them
+are one concept at two levels; the variational integrators import both.
 """
 from __future__ import annotations
 

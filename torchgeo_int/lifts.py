@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from ._validate import check_even_last_dim, check_pair
 from .maps import DiscretizationMap
 
 Tensor = torch.Tensor
@@ -26,15 +25,7 @@ class _Lift(DiscretizationMap):
             raise TypeError(f"a lift takes a DiscretizationMap, got {type(base).__name__}")
         self.base = base
 
-    def forward(self, x, v):
-        check_pair(x, v, ("x", "v"))
-        check_even_last_dim(x, "x")
-        return self._forward(x, v)
-
-    def inverse(self, x0, x1):
-        check_pair(x0, x1, ("x0", "x1"))
-        check_even_last_dim(x0, "x0")
-        return self._inverse(x0, x1)
+    bundle = True   # points cat([q, v|p], -1)
 
     @property
     def symmetric(self) -> bool:

@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 from ._autograd import leaves_after, reaches_other_leaves
-from ._validate import check_pair
+from ._validate import check_even_last_dim, check_pair
+from .solvers import newton
 
 Tensor = torch.Tensor
 
@@ -54,12 +55,20 @@ class DiscretizationMap(nn.Module):
     linear: bool = False
 
     # -- the map ------------------------------------------------------------------------------
+    #: True for a map on a tangent/cotangent bundle, points cat([q, v|p], -1): the last dim of
+    #: its inputs must then be even (checked by ``forward``/``inverse``).
+    bundle: bool = False
+
     def forward(self, x: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         check_pair(x, v, ("x", "v"))
+        if self.bundle:
+            check_even_last_dim(x, "x")
         return self._forward(x, v)
 
     def inverse(self, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
         check_pair(x0, x1, ("x0", "x1"))
+        if self.bundle:
+            check_even_last_dim(x0, "x0")
         return self._inverse(x0, x1)
 
     def forward_unchecked(self, x: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -74,8 +83,6 @@ class DiscretizationMap(nn.Module):
         raise NotImplementedError
 
     def _inverse(self, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
-        from .solvers import newton  # solvers does not import maps; the late import keeps it light
-
         def residual(z, x0, x1):   # (x0, x1): the solver's args (see solvers' note on args)
             y0, y1 = self._forward(*z)
             return (y0 - x0, y1 - x1)
@@ -94,8 +101,9 @@ class DiscretizationMap(nn.Module):
     @property
     def base_fraction(self) -> float:
         """Where in [x₀, x₁] (so in [t, t + h]) the base point of R_d sits: α for the α-family
-        and retraction maps (time moves like a configuration variable), ½ otherwise."""
-        return 0.5
+        and retraction maps (time moves like a configuration variable), the ``alpha`` attribute
+        of a map that declares one, ½ otherwise."""
+        return float(getattr(self, "alpha", 0.5))
 
     @property
     def has_closed_inverse(self) -> bool:
@@ -198,10 +206,6 @@ class AlphaMap(DiscretizationMap):
     def symmetric(self) -> bool:
         return self.alpha == 0.5
 
-    @property
-    def base_fraction(self) -> float:
-        return self.alpha
-
     has_closed_inverse = True
 
     def key(self) -> tuple:
@@ -292,10 +296,6 @@ class RetractionMap(DiscretizationMap):
     def symmetric(self) -> bool:
         # R_d*(x, v) = (R_x(−(1−α)v), R_x(αv)) equals R_d exactly at α = ½, whatever the retraction.
         return self.alpha == 0.5
-
-    @property
-    def base_fraction(self) -> float:
-        return self.alpha
 
     @property
     def has_closed_inverse(self) -> bool:

@@ -70,6 +70,9 @@ dropping the terms through J); use ``backward="unroll"`` for those.
 ``backward="unroll"`` keeps the graph through every iteration (memory linear in the iteration
 count; grad of grad works; ``z0`` gets its — decaying — gradient). For comparisons and tiny
 problems.
+
+Size: one module because fixed_point, newton, their implicit-function-theorem backward and
+SolveOptions share the per-sample state handling (``_Struct``) and the convergence reporting.
 """
 from __future__ import annotations
 

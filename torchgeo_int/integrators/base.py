@@ -16,7 +16,7 @@ from ..solvers import SolveOptions
 
 class Integrator:
     """What every method declares: ``order``, ``symplectic``, ``symmetric``, ``first_order``
-    (integrates x' = X(x, t), called with p = None), ``check_state`` (``None``, or
+    (integrates x' = X(x, t), called with p = None), ``steps_backward``, ``check_state`` (``None``, or
     ``(system, q0, p0) -> None`` validating an initial state the default pair check cannot, e.g.
     a Lie group element), ``options`` (the :class:`SolveOptions` of an implicit method, else
     ``None``) and ``key()``: equality by value — two integrators with equal keys are the same
@@ -28,6 +28,9 @@ class Integrator:
     symplectic: bool = True
     symmetric: bool = False
     first_order: bool = False
+    #: Whether a step with h < 0 is Φ_h⁻¹ by the same step code on (q, p) (so
+    #: ``grad="reversible"`` can reconstruct states by stepping back): cotangent-lift steps.
+    steps_backward: bool = False
     check_state = None
     options: SolveOptions | None = None
 
@@ -105,18 +108,20 @@ def _signed(kicks, drifts, sign):
     return tuple((sign * a, b) for a, b in zip(kicks, drifts)), sign * kicks[-1]
 
 
-def _split_steps(pairs, last, velocity, force_term, q, p, t, h, force):
-    """One step of the kick/drift sequence with t (see ``run_splitting``)."""
+def _split_steps(pairs, last, velocity, force_term, q, p, t, h, force, timed=True):
+    """One step of the kick/drift sequence (see ``run_splitting``) — the only place it is
+    written.  ``timed=False``: the system ignores t, its halves are called without it."""
     for a, b in pairs:
         if a != 0.0:
             if force is None:
-                force = force_term(q, t)
+                force = force_term(q, t) if timed else force_term(q)
             p = torch.add(p, force, alpha=a * h)
-        q = torch.add(q, velocity(p, t + 0.5 * b * h), alpha=b * h)
-        t = t + b * h
+        q = torch.add(q, velocity(p, t + 0.5 * b * h) if timed else velocity(p), alpha=b * h)
+        if timed:
+            t = t + b * h
         force = None
     if last != 0.0:
-        force = force_term(q, t)
+        force = force_term(q, t) if timed else force_term(q)
         p = torch.add(p, force, alpha=last * h)
     return q, p, force
 
@@ -139,16 +144,7 @@ def splitting_step(kicks, drifts, system):
     def run(q, p, h, n, force=None):
         """n steps of h (the system ignores t): the loop of a hand-written integrator."""
         for _ in range(n):
-            for a, b in pairs:
-                if a != 0.0:
-                    if force is None:
-                        force = force_term(q)
-                    p = torch.add(p, force, alpha=a * h)
-                q = torch.add(q, velocity(p), alpha=b * h)
-                force = None
-            if last != 0.0:
-                force = force_term(q)
-                p = torch.add(p, force, alpha=last * h)
+            q, p, force = _split_steps(pairs, last, velocity, force_term, q, p, 0.0, h, force, False)
         return q, p, force
 
     def step(_system, q, p, t, h, force=None):

@@ -38,6 +38,8 @@ class CotangentLiftIntegrator(Integrator):
     (``"implicit"``: exact implicit-function-theorem gradients, memory independent of iterations).
     """
 
+    steps_backward = True
+
     def __init__(self, R: DiscretizationMap, *, solver: str = "fixed_point", tol: float | None = None,
                  max_iter: int | None = None, backward: str = "implicit", name: str | None = None):
         if not isinstance(R, DiscretizationMap):

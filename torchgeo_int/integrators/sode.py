@@ -14,6 +14,9 @@ on TQ (points ``cat([q, v], -1)``) in one of two ways:
 :class:`DiscreteSODE` is eq. (11) with the tangent lift written as a discrete second-order
 equation (q_{k−1}, q_k) ↦ q_{k+1} (Sect. 4.2).  Systems: ``lagrangian.SecondOrderSystem``
 (q̈ = M⁻¹f(t, q, q̇)), or anything with ``acceleration(q, v, t)``.
+
+Size: the second-order family (generic eq. (10)/(11), the tangent-lift α-family, Newmark,
+the discrete second-order equation) shares its caches and the acceleration adapter.
 """
 from __future__ import annotations
 
@@ -21,7 +24,6 @@ import math
 
 import torch
 
-from .._validate import check_even_last_dim, check_pair
 from ..lifts import TangentLift
 from ..maps import AlphaMap, DiscretizationMap, ForwardEulerMap, MidpointMap
 from ..solvers import SolveOptions
@@ -121,15 +123,7 @@ class NewmarkMap(DiscretizationMap):
         # (R²(x, −ẋ), R¹(x, −ẋ)) is the Newmark map with γ ↦ 1 − γ and c ↦ −c.
         return NewmarkMap(1.0 - self.gamma, 0.5 - self.beta, self.h)
 
-    def forward(self, x, xdot):
-        check_pair(x, xdot, ("x", "xdot"))
-        check_even_last_dim(x, "x")
-        return self._forward(x, xdot)
-
-    def inverse(self, x0, x1):
-        check_pair(x0, x1, ("x0", "x1"))
-        check_even_last_dim(x0, "x0")
-        return self._inverse(x0, x1)
+    bundle = True   # a map on TQ: points cat([q, v], -1)
 
     def first(self, q, v, qd, vd):
         """R¹ on split coordinates: (q-part, v-part)."""

@@ -25,6 +25,9 @@ w = Ad*_{τ((1−α)V)⁻¹}μ₁, which is the form the code uses.
 
 A group here is a small stateless object of batched tensor functions; points of G are tensors
 (..., *point_shape), points of 𝔤 and 𝔤* tensors (..., dim).
+
+Size: the groups (SO(3), SO(3)×R³), their τ maps and the group discretization maps share the
+hat/vee and dexp machinery of ``so3``; a new group is one ``LieGroup`` subclass here.
 """
 from __future__ import annotations
 

@@ -95,10 +95,6 @@ class SphereMap(DiscretizationMap):
     def adjoint(self):
         return SphereMap(1.0 - self.alpha, self.retraction)
 
-    @property
-    def base_fraction(self) -> float:
-        return self.alpha
-
     has_closed_inverse = True
 
     def key(self) -> tuple:

@@ -12,6 +12,7 @@ import math
 
 from torch import nn
 
+from .._validate import check_int
 from ..integrators import get_method
 from ..rollout import as_system, rollout
 
@@ -23,11 +24,6 @@ def _check_h(h) -> float:
     if h == 0.0 or not math.isfinite(h):
         raise ValueError(f"h must be a finite nonzero step size, got {h}")
     return h
-
-
-def _check_int(value, name, minimum):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
 class SymplecticStep(nn.Module):
@@ -43,7 +39,7 @@ class SymplecticStep(nn.Module):
         self.hamiltonian = as_system(hamiltonian)
         self.integrator = get_method(method)
         self.h = _check_h(h)
-        _check_int(substeps, "substeps", 1)
+        check_int(substeps, "substeps", 1)
         self.substeps = substeps
 
     def extra_repr(self) -> str:
@@ -68,8 +64,8 @@ class SymplecticRollout(nn.Module):
         self.hamiltonian = as_system(hamiltonian)
         self.integrator = get_method(method)
         self.h = _check_h(h)
-        _check_int(steps, "steps", 0)
-        _check_int(save_every, "save_every", 1)
+        check_int(steps, "steps", 0)
+        check_int(save_every, "save_every", 1)
         self.steps, self.save_every = steps, save_every
         self.rollout_options = rollout_options
 

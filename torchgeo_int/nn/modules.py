@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .._validate import check_int
 from ..systems import Hamiltonian, SeparableHamiltonian, System, grad_of
 
 Tensor = torch.Tensor
@@ -45,11 +46,6 @@ ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "gelu": nn.GELU, "elu": nn.ELU, "sin": Sin,
 }
 INITS = ("orthogonal", "default")
-
-
-def _check_int(value, name, minimum):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
 def _activation(activation) -> Callable[[], nn.Module]:
@@ -73,10 +69,10 @@ class MLP(nn.Sequential):
 
     def __init__(self, in_dim: int, out_dim: int, *, width: int = 200, depth: int = 2,
                  activation="tanh", init: str = "orthogonal"):
-        _check_int(in_dim, "in_dim", 1)
-        _check_int(out_dim, "out_dim", 1)
-        _check_int(width, "width", 1)
-        _check_int(depth, "depth", 1)
+        check_int(in_dim, "in_dim", 1)
+        check_int(out_dim, "out_dim", 1)
+        check_int(width, "width", 1)
+        check_int(depth, "depth", 1)
         if init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {init!r}")
         act = _activation(activation)
@@ -129,7 +125,7 @@ class HNN(Hamiltonian):
     def __init__(self, dim: int, *, width: int = 200, depth: int = 2, activation="tanh",
                  init: str = "orthogonal"):
         super().__init__(None, time_dependent=False)
-        _check_int(dim, "dim", 1)
+        check_int(dim, "dim", 1)
         self.dim = dim
         self.net = MLP(2 * dim, 1, width=width, depth=depth, activation=activation, init=init)
 
@@ -146,7 +142,7 @@ class SeparableHNN(SeparableHamiltonian):
 
     def __init__(self, dim: int, *, width: int = 200, depth: int = 2, activation="tanh",
                  init: str = "orthogonal"):
-        _check_int(dim, "dim", 1)
+        check_int(dim, "dim", 1)
         opts = dict(width=width, depth=depth, activation=activation, init=init)
         super().__init__(ScalarMLP(dim, **opts), ScalarMLP(dim, **opts), time_dependent=False)
         self.dim = dim
@@ -177,7 +173,7 @@ class MechanicalHNN(Hamiltonian):
     def __init__(self, dim: int, *, width: int = 200, depth: int = 2, activation="tanh",
                  init: str = "orthogonal", eps: float = 1e-3, constant_mass: bool = False):
         super().__init__(None, time_dependent=False)
-        _check_int(dim, "dim", 1)
+        check_int(dim, "dim", 1)
         if not (isinstance(eps, (int, float)) and eps > 0 and math.isfinite(eps)):
             raise ValueError(f"eps must be a finite positive number, got {eps!r}")
         self.dim, self.eps, self.constant_mass = dim, float(eps), bool(constant_mass)
@@ -263,7 +259,7 @@ class MLPVectorField(System):
     def __init__(self, dim: int, *, width: int = 200, depth: int = 2, activation="tanh",
                  init: str = "orthogonal"):
         super().__init__()
-        _check_int(dim, "dim", 1)
+        check_int(dim, "dim", 1)
         self.dim = dim
         self.net = MLP(2 * dim, 2 * dim, width=width, depth=depth, activation=activation, init=init)
 

@@ -1,0 +1,69 @@
+"""The one loop over steps that every path shares (rollout, odeint, the gradient modes, compiled
+rollouts): steps in stretches up to the next save or check, outputs stacked under autograd and
+written into preallocated buffers without it, non-finite states detected every ``check_every``
+steps, a non-converged implicit step named by its number."""
+from __future__ import annotations
+
+import torch
+
+from .solvers import ConvergenceError
+
+__all__ = ["run_loop"]
+
+
+def run_loop(step, q0, p0, *, system, h, steps, t0, save_every, check_every, cache=None,
+             step_offset=0, return_cache=False):
+    """Run ``steps`` steps of ``step`` from (q0, p0) at t0 and return the states every
+    ``save_every`` steps, the initial one included (``p0=None``: a first-order state, the second
+    output is None).  ``step`` is a stepper: ``step(system, q, p, t, h, cache) -> (q, p, cache)``,
+    optionally with ``step.run(q, p, h, n, cache)`` taking n steps in one call.  ``cache`` starts
+    the FSAL/warm-start chain (``return_cache=True`` returns the last one); ``step_offset``
+    numbers the steps in errors (a run continuing an earlier one)."""
+    n_out = steps // save_every + 1
+    # Under autograd the outputs are stacked (in-place writes into one buffer would chain every
+    # step through CopySlices); without it they go into preallocated buffers.
+    track = torch.is_grad_enabled()
+    states = [x for x in (q0, p0) if x is not None]
+    if track:
+        outs = [[x] for x in states]
+    else:
+        outs = [torch.empty((n_out, *x.shape), dtype=x.dtype, device=x.device) for x in states]
+        for o, x in zip(outs, states):
+            o[0] = x
+
+    q, p = q0, p0
+    run = getattr(step, "run", None)   # n steps in one call (a bound explicit splitting)
+    k = 0
+    while k < steps:
+        # Steps run in stretches up to the next save or check, so the per-step Python cost is
+        # the call of `step` alone (or nothing, with `run`).
+        end = min(steps, (k // save_every + 1) * save_every, (k // check_every + 1) * check_every)
+        if run is not None:
+            q, p, cache = run(q, p, h, end - k, cache)
+        else:
+            j = k
+            try:
+                for j in range(k, end):
+                    q, p, cache = step(system, q, p, t0 + j * h, h, cache)
+            except ConvergenceError as err:
+                raise err.with_step(step_offset + j) from None
+        k = end
+        cur = (q,) if p is None else (q, p)
+        if k % save_every == 0:
+            i = k // save_every
+            for o, x in zip(outs, cur):
+                if track:
+                    o.append(x)
+                else:
+                    o[i] = x
+        if k % check_every == 0 or k == steps:
+            finite = torch.stack([torch.isfinite(x).all() for x in cur]).all()
+            if not bool(finite):
+                a, b = step_offset + (k - 1) // check_every * check_every, step_offset + k
+                raise FloatingPointError(
+                    f"the rollout became non-finite between step {a} and step {b} "
+                    f"(t = {t0 + k * h:g}); reduce h or check the system")
+    result = tuple(torch.stack(o) for o in outs) if track else tuple(outs)
+    if p0 is None:
+        result = (result[0], None)
+    return (result, cache) if return_cache else result

@@ -1,0 +1,245 @@
+r"""A drop-in ``odeint`` with torchdiffeq's signature and semantics, plus the geometric methods.
+
+``odeint(func, y0, t, *, rtol=1e-7, atol=1e-9, method=None, options=None, event_fn=None)``
+solves dy/dt = func(t, y), y(t[0]) = y0, and returns y at every time of the 1-D, strictly
+increasing or decreasing tensor ``t``, stacked along a new first dim, in the structure of ``y0``
+(a tensor, or a tuple of tensors).  ``func`` receives ``t`` as a 0-d tensor of y0's dtype.
+
+**torchdiffeq's methods** (every name in ``TORCHDIFFEQ_METHODS``, read from torchdiffeq's own
+``SOLVERS`` at import: dopri5 — the default —, dopri8, bosh3, fehlberg2, adaptive_heun, euler,
+midpoint, heun2, heun3, rk4, explicit_adams, implicit_adams, fixed_adams, scipy_solver, ...) are
+passed to ``torchdiffeq.odeint`` unchanged, so the results, options and warnings are
+torchdiffeq's (``midpoint`` is its explicit midpoint method; ours is ``implicit_midpoint``).
+A name that is also geometric stays ours (:func:`delegated_names`): torchdiffeq's master
+branch adds ``implicit_midpoint`` and ``implicit_euler``.
+
+**Geometric methods** (``GEOMETRIC_METHODS``), fixed step sizes:
+
+* *Partitioned* (Hamiltonian-type): the names of ``tgi.METHODS`` (symplectic_euler, verlet,
+  yoshida4, ..., implicit_midpoint_kahan_li8).  The state is (q, p): either ``y0 = (q0, p0)``,
+  with ``func(t, (q, p)) -> (dq, dp)``, or a tensor split along its last dim,
+  q = y[..., :k], p = y[..., k:] with k = half the last dim (``options["split"]`` for another
+  k), with ``func(t, y) -> dy``.  The field is stepped as a ``tgi.VectorFieldSystem``:
+  ``options["separable"] = True`` promises that dq depends on p only and dp on q only, which
+  turns on the explicit kick/drift paths (func is then called with the other half set to zero
+  and that half of its output is ignored); otherwise the implicit generalized forms are used
+  (e.g. the generalized leapfrog for ``verlet``).  ``options["hamiltonian"] = H`` with
+  ``func=None`` steps X_H = (∂H/∂p, −∂H/∂q) of an energy ``H(q, p)`` (q, p shaped like the
+  parts of y0; gradients by autograd, ``separable`` as above).
+* *First-order*, eq. (1): ``explicit_euler``, ``implicit_euler``, ``implicit_midpoint``
+  (``FIRST_ORDER_METHODS``) on any y0 (a tuple is flattened at this boundary).  The name
+  ``implicit_midpoint`` is in both lists: the midpoint rule is the same map whether or not the
+  state is partitioned, and it runs partitioned (= ``tgi.METHODS["implicit_midpoint"]``) when
+  y0 is a 2-tuple or a partitioned option (split, separable, hamiltonian) is given, else as the
+  first-order method on the flattened state (so y0 of any size works).
+* ``method`` may also be an Integrator instance (``tgi.CotangentLiftIntegrator(...)``,
+  ``FirstOrderIntegrator(...)``, a ``Composition``); ``first_order`` tells the two kinds apart.
+  It is used as configured: rtol/atol and the solver options do not change it.
+
+Steps: without ``options["step_size"]`` one step per interval of t; with ``step_size = h`` each
+interval [t_i, t_{i+1}] is cut into n_i = ceil(|t_{i+1} − t_i| / h) equal steps of size ≤ h (a
+ratio within round-off of an integer counts as that integer).  The outputs are the states
+reached at the t_i — never interpolated, which would break the symplecticity (or the
+invariants) of the outputs.  Consecutive intervals with the same step run as one
+``_loop.run_loop`` (their internal times agree with t to round-off).
+
+Tolerances: the implicit solves (fixed point or Newton) stop per sample when the update (or
+residual) d satisfies ||d||∞ ≤ tol·(1 + ||z||∞) with tol = min(rtol, atol), which implies the
+torchdiffeq-style test ||d||∞ ≤ atol + rtol·||z||∞; tol is clipped below at
+``tgi.default_tol(dtype)`` (5e-14 in float64, 1.3e-6 in float32) where iterations stall on
+round-off.  Tensor or tupled rtol/atol use their smallest entry.  For structure preservation to
+round-off pass small values (rtol=atol=0 means the round-off floor).
+
+Options of the geometric methods (anything else raises ValueError):
+    ``step_size`` (float > 0), ``split`` (int, flat y0, partitioned), ``separable`` (bool,
+    partitioned), ``hamiltonian`` (callable H(q, p), partitioned), ``solver`` ("fixed_point" |
+    "newton", the implicit solves of named methods), ``max_iter`` (int, their iteration cap),
+    ``batch_dims`` (int, default 0: the number of leading dims of y0 — of each tuple part —
+    that index independent samples; the solvers then converge, and Newton forms its Jacobian,
+    per sample.  With 0 the whole state is one sample, which is right for any func but makes
+    Newton's Jacobian as large as the state), ``grad`` ("backprop" — the default — |
+    "checkpoint" | "reversible": how gradients are taken, below), ``compile`` (bool: the steps
+    through ``torch.compile`` as in ``tgi.rollout(..., compile=True)``, with t passed to func as
+    a tensor inside the graphs; the graphs are kept for the last 8 (func, options, layout of y0),
+    so a loop of calls compiles once; results equal the eager ones to round-off), ``segment`` (int, steps per
+    recomputed segment of grad="checkpoint"), ``reconstruction_tol`` (float, grad="reversible"),
+    ``params`` (tensors to differentiate under a lean grad mode; see below).
+
+Gradients: by backpropagation through the steps — the exact gradient of the discrete map —,
+through implicit steps by the solvers' implicit-function-theorem backward.  ``t`` gets no
+gradient (a ``t`` that requires grad raises under grad mode).  A ``func`` that calls
+``torch.autograd.grad`` itself (HNNs; torchdiffeq issue #154) works: when grad mode is on at
+the call of ``odeint``, func sees grad mode on, and inputs that require grad, also inside the
+solvers' no-grad iterations.  ``event_fn`` is for torchdiffeq's methods only.
+
+Memory-lean gradients (``options["grad"]``, :mod:`torchgeo_int.gradients`; the same modes as
+``tgi.rollout(..., grad=...)``): ``"checkpoint"`` keeps only segment boundaries (⌈√n⌉ steps per
+segment of each run of equal steps, or ``options["segment"]``) and recomputes each segment in
+backward — the backprop gradient of the same discrete map, any geometric method;
+``"reversible"`` reconstructs the states backwards with the −h step (symmetric methods of
+(q, p): verlet and its compositions — explicit on a separable field, ``options["separable"] =
+True`` or a separable ``options["hamiltonian"]``, else the generalized leapfrog —, implicit
+midpoint and its compositions): graph memory independent of the number of steps, gradient
+exact up to the round-off (and, for implicit steps, the solver tolerance) of that
+reconstruction (a ``RuntimeWarning`` when the
+reconstructed start is off by more than ``reconstruction_tol``).  The outputs at every t are
+stored in all modes.  The lean modes differentiate y0 and the parameters of ``func`` (or of
+``options["hamiltonian"]``) when it is an ``nn.Module`` or a method of one; any other tensor
+that requires grad and that func uses (a closure) must be listed in ``options["params"]``
+(which then replaces the module's parameters, like torchdiffeq's ``adjoint_params``), else
+odeint raises ValueError rather than silently give it no gradient.  Each run of equal steps
+starts a fresh FSAL/warm-start cache under a lean mode, so for time-dependent or implicit
+fields the result may differ from backprop's in the last bits.  torchdiffeq's methods take no
+``grad`` option (use ``odeint_adjoint`` for their memory-lean, continuous-adjoint gradients).
+
+``odeint_adjoint`` is torchdiffeq's (continuous adjoint), for torchdiffeq's methods; with a
+geometric method use ``odeint`` (with ``options["grad"]`` for memory-lean gradients).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torchdiffeq
+
+from ..gradients import not_reversible
+from ..integrators import Integrator
+from ..systems import ODESystem
+from .checks import (COMMON, OPTIONS, PARTITIONED_ONLY, check_int, check_state, check_step_size,
+                     check_times, parse_grad_options, solver_tol)
+from .driver import integrate
+from .methods import (FIRST_ORDER_METHOD_NAMES, GEOMETRIC_METHODS, PARTITIONED_METHODS,
+                      TORCHDIFFEQ_METHODS, all_methods, configured, delegated_names,
+                      is_geometric_name, is_torchdiffeq, method_name, resolve_method,
+                      reversible_refusal)
+from .state import (FlatState, PartitionedState, UserFunc, partitioned_system, register_module,
+                    system_for)
+
+__all__ = ["odeint", "odeint_adjoint", "TORCHDIFFEQ_METHODS", "GEOMETRIC_METHODS",
+           "PARTITIONED_METHODS", "FIRST_ORDER_METHOD_NAMES", "OPTIONS"]
+
+
+def odeint(func, y0, t, *, rtol=1e-7, atol=1e-9, method=None, options=None, event_fn=None):
+    """Solve dy/dt = func(t, y), y(t[0]) = y0 at the times t (see the module docstring).
+
+    Returns a tensor ``(len(t), *y0.shape)`` or a tuple of them like ``y0``; with ``event_fn``
+    (torchdiffeq's methods only) ``(event_t, solution)`` as in torchdiffeq.
+
+    Raises ValueError for an unknown method (listing every method), an unknown option, or a bad
+    ``t`` (not 1-D, not strictly monotone, not finite); ``tgi.ConvergenceError`` (naming the
+    step) when an implicit step does not converge; ``FloatingPointError`` when the solution
+    becomes non-finite.
+    """
+    if is_torchdiffeq(method):
+        if isinstance(options, Mapping) and "grad" in options:
+            if options["grad"] != "backprop":
+                raise ValueError(
+                    f"options['grad'] = {options['grad']!r} is for the geometric methods; "
+                    f"torchdiffeq's method {method or 'dopri5'!r} backpropagates through its "
+                    f"steps, and its memory-lean gradients are torchdiffeq's continuous adjoint: "
+                    f"use tgi.odeint_adjoint(...) (or a geometric method with this option)")
+            options = {k: v for k, v in options.items() if k != "grad"}
+        return torchdiffeq.odeint(func, y0, t, rtol=rtol, atol=atol, method=method,
+                                  options=options, event_fn=event_fn)
+    return geometric_odeint(func, y0, t, rtol=rtol, atol=atol, method=method, options=options,
+                             event_fn=event_fn)
+
+
+def odeint_adjoint(func, y0, t, *, rtol=1e-7, atol=1e-9, method=None, options=None,
+                   event_fn=None, adjoint_rtol=None, adjoint_atol=None, adjoint_method=None,
+                   adjoint_options=None, adjoint_params=None):
+    """torchdiffeq's ``odeint_adjoint`` (gradients from the continuous adjoint ODE), for
+    torchdiffeq's methods.  A geometric method raises: use :func:`odeint`, whose backprop gives
+    the exact gradient of the discrete (symplectic) map, and whose ``options["grad"]``
+    ("checkpoint" | "reversible") gives it with little memory."""
+    for name, m in (("method", method), ("adjoint_method", adjoint_method)):
+        if m is None or is_torchdiffeq(m):
+            continue
+        if is_geometric_name(m) or isinstance(m, Integrator):
+            raise ValueError(
+                f"odeint_adjoint integrates torchdiffeq's continuous adjoint ODE and supports "
+                f"torchdiffeq's methods only; for the geometric {name} {method_name(m)!r} use "
+                f"torchgeo_int.odeint (backprop gives the exact gradient of the discrete map; "
+                f"options=dict(grad='checkpoint'|'reversible') for memory-lean gradients)")
+        raise ValueError(f"unknown {name} {m!r}; known methods: {all_methods()}")
+    if isinstance(options, Mapping) and "grad" in options:
+        raise ValueError("odeint_adjoint takes no options['grad']: its gradients are the continuous "
+                         "adjoint's; options['grad'] selects the gradient mode of tgi.odeint's "
+                         "geometric methods")
+    return torchdiffeq.odeint_adjoint(
+        func, y0, t, rtol=rtol, atol=atol, method=method, options=options, event_fn=event_fn,
+        adjoint_rtol=adjoint_rtol, adjoint_atol=adjoint_atol, adjoint_method=adjoint_method,
+        adjoint_options=adjoint_options, adjoint_params=adjoint_params)
+
+
+def geometric_odeint(func, y0, t, *, rtol, atol, method, options, event_fn):
+    if event_fn is not None:
+        raise ValueError(f"event_fn is supported by torchdiffeq's methods only, not by the "
+                         f"geometric method {method_name(method)!r}")
+    if options is None:
+        options = {}
+    if not isinstance(options, Mapping):
+        raise TypeError(f"options must be a dict, got {type(options).__name__}")
+    kind, template = resolve_method(method, y0, options)
+    allowed = OPTIONS if kind == "partitioned" else COMMON + (("theta",) if method == "theta" else ())
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        extra = ""
+        if kind == "first_order" and set(unknown) & set(PARTITIONED_ONLY):
+            extra = f" ({', '.join(PARTITIONED_ONLY)} apply to partitioned methods only)"
+        raise ValueError(f"unknown option(s) {unknown} for method {method_name(method)!r}; "
+                         f"accepted: {', '.join(allowed)}{extra}")
+    if isinstance(method, Integrator) and ("solver" in options or "max_iter" in options):
+        raise ValueError("options 'solver'/'max_iter' configure named methods; configure the "
+                         "Integrator instance itself")
+    times = check_times(t)
+    step_size = check_step_size(options.get("step_size"))
+    batch_dims = check_int(options.get("batch_dims", 0), "batch_dims", 0)
+    solver = options.get("solver")
+    if solver not in (None, "fixed_point", "newton"):
+        raise ValueError(f"options['solver'] must be 'fixed_point' or 'newton', got {solver!r}")
+    max_iter = options.get("max_iter")
+    if max_iter is not None:
+        check_int(max_iter, "max_iter", 1)
+
+    parts = y0 if isinstance(y0, tuple) else (y0,)
+    if not isinstance(y0, (torch.Tensor, tuple)) or not parts:
+        raise TypeError(f"y0 must be a tensor or a non-empty tuple of tensors, got {type(y0).__name__}")
+    check_state(parts, "y0")
+    dtype, device = parts[0].dtype, parts[0].device
+    grad, grad_options = parse_grad_options(options)
+    compile = options.get("compile", False)
+    if not isinstance(compile, bool):
+        raise ValueError(f"options['compile'] must be a bool, got {compile!r}")
+    caller = UserFunc(func, dtype, device, grad=torch.is_grad_enabled())
+    if isinstance(method, Integrator):
+        integrator = template
+    else:
+        integrator = configured(template, solver_tol(rtol, atol, dtype), solver, max_iter)
+
+    if kind == "first_order":
+        if func is None:
+            raise TypeError("func must be callable as func(t, y) -> dy/dt")
+        if grad == "reversible":
+            raise ValueError(reversible_refusal(integrator, "it is a first-order (eq. (1)) method"))
+        state = FlatState(y0, batch_dims)
+
+        def build():
+            system = ODESystem(lambda tt, x: state.flatten(caller(tt, state.unflatten(x)), "func"))
+            system.tensor_time = True   # func takes t as a tensor anyway (torch.compile keeps it so)
+            register_module(system, "user_func", func)
+            return system
+        system = system_for(compile, kind, func, options, state, y0, caller, build)
+        (X,) = integrate(integrator, system, (state.x0,), times, step_size, t.dtype,
+                          grad, grad_options, compile)
+        return state.assemble(X)
+
+    state = PartitionedState(y0, options.get("split"), batch_dims)
+    system = system_for(compile, kind, func, options, state, y0, caller,
+                         lambda: partitioned_system(func, caller, state, options))
+    why = not_reversible(integrator, system) if grad == "reversible" else None
+    if why:
+        raise ValueError(reversible_refusal(integrator, why))
+    Q, P = integrate(integrator, system, (state.q0, state.p0), times, step_size, t.dtype,
+                      grad, grad_options, compile)
+    return state.assemble(Q, P)

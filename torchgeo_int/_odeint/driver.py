@@ -1,0 +1,63 @@
+"""odeint's driver: the runs of equal steps over t, each one call of the one solve path."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..solve import Backprop, bind, grad_mode, solve
+
+CHECK_EVERY = 64  # steps between finiteness checks (one host sync each)
+
+
+def integrate(integrator, system, states, times, step_size, t_dtype, grad="backprop",
+               grad_options=None, compile=False):
+    """Run the steps over t; returns each state's trajectory at every t, (len(t), *shape).
+
+    Each group of equal steps is one :func:`torchgeo_int.solve.solve` with the stepper bound
+    once; under a lean grad mode each is its own checkpointed or reversible autograd node with a
+    fresh FSAL cache (the parameters resolved, and the closure check made, once).  ``compile``:
+    the groups run as ``rollout(..., compile=True)`` does (:mod:`torchgeo_int._compile`)."""
+    outs = [[x.unsqueeze(0)] for x in states]
+    q, p = states[0], (states[1] if len(states) > 1 else None)
+    cache, offset = None, 0
+    groups = [(i0, m, n, times[i0], times[i0 + m], (times[i0 + m] - times[i0]) / (m * n))
+              for i0, m, n in equal_step_runs(times, step_size, torch.finfo(t_dtype).eps)]
+    mode = grad_mode(grad, **(grad_options or {}))
+    step = bind(integrator, system, compile=compile and not isinstance(mode, Backprop))
+    if groups:   # the parameters are resolved, and the closure check made, once
+        mode = mode.with_params(step, system, states, groups[0][3], groups[0][5])
+    for i0, m, n, ta, tb, h in groups:
+        res, cache = solve(integrator, system, q, p, h=h, steps=m * n, t0=ta, save_every=n,
+                           check_every=CHECK_EVERY, grad=mode, compile=compile, step=step,
+                           step_offset=offset, cache=cache, return_cache=True)
+        offset += m * n
+        res = res[:len(states)]
+        for o, r in zip(outs, res):
+            o.append(r[1:])
+        q, p = res[0][-1], (res[1][-1] if len(states) > 1 else None)
+    return tuple(torch.cat(o) for o in outs)
+
+
+def equal_step_runs(times, step_size, eps):
+    """Runs (first interval, number of intervals, steps per interval) of consecutive intervals
+    of t that share one step size."""
+    N = len(times) - 1
+    dts = [times[i + 1] - times[i] for i in range(N)]
+    scale = [max(abs(times[i]), abs(times[i + 1])) for i in range(N)]
+    if step_size is None:
+        ns = [1] * N
+    else:
+        # The ratio carries the round-off of t (|Δt| is good to ~eps·|t|): within it of an
+        # integer it is that integer, so linspace grids take the step counts users expect.
+        ns = [max(1, math.ceil(abs(d) / step_size - 16 * eps * s / step_size))
+              for d, s in zip(dts, scale)]
+    groups, i = [], 0
+    while i < N:
+        j = i + 1
+        while (j < N and ns[j] == ns[i]
+               and abs(dts[j] - dts[i]) <= 16 * eps * max(scale[i], scale[j])):
+            j += 1
+        groups.append((i, j - i, ns[i]))
+        i = j
+    return groups

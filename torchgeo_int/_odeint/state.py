@@ -1,0 +1,240 @@
+"""How odeint's y0 and func become a System and states (q, p) or x: the user's function wrapped
+once, the flat and partitioned layouts, the two System subclasses, and the cache of systems
+built for compiled calls."""
+from __future__ import annotations
+
+import collections
+import math
+
+import torch
+
+from ..systems import Hamiltonian, VectorFieldSystem, grad_of
+from .methods import FIRST_ORDER_METHOD_NAMES
+
+class UserFunc:
+    """Calls func(t, y) the way torchdiffeq does: t a 0-d tensor of y's dtype, grad mode as at
+    the call of odeint.  Inside the solvers' no-grad iterations of a grad-mode call the state is
+    handed over as a fresh leaf that requires grad, so a func that differentiates itself with
+    torch.autograd.grad (torchdiffeq issue #154) runs; its outputs are detached again."""
+
+    def __init__(self, func, dtype, device, grad):
+        self.func, self.dtype, self.device, self.grad = func, dtype, device, grad
+
+    def __call__(self, t, y):
+        if isinstance(t, torch.Tensor):   # (compiled graphs pass t as a tensor)
+            tt = t.to(self.dtype)
+        else:
+            tt = torch.full((), t, dtype=self.dtype, device=self.device)
+        if not self.grad or torch.is_grad_enabled():
+            return self.func(tt, y)
+        with torch.enable_grad():
+            ys = y if isinstance(y, tuple) else (y,)
+            ys = tuple(c.detach().requires_grad_() for c in ys)
+            out = self.func(tt, ys if isinstance(y, tuple) else ys[0])
+        if isinstance(out, torch.Tensor):
+            return out.detach()
+        if isinstance(out, (tuple, list)):
+            return type(out)(o.detach() if isinstance(o, torch.Tensor) else o for o in out)
+        return out
+
+
+def check_out(out, shape, what):
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{what} must return tensors like y0, got {type(out).__name__}")
+    if out.shape != shape:
+        raise ValueError(f"{what} returned shape {tuple(out.shape)}, expected {tuple(shape)} "
+                         f"(the shape of the corresponding part of y0)")
+    return out
+
+
+class FlatState:
+    """y0 (tensor or tuple) as x (*batch, N): the first batch_dims dims index samples."""
+
+    def __init__(self, y0, batch_dims):
+        self.is_tuple = isinstance(y0, tuple)
+        parts = y0 if self.is_tuple else (y0,)
+        for i, c in enumerate(parts):
+            if c.dim() < batch_dims:
+                raise ValueError(f"options['batch_dims'] = {batch_dims} exceeds the dims of y0 "
+                                 f"part {i}, shape {tuple(c.shape)}")
+        self.batch = parts[0].shape[:batch_dims]
+        if any(c.shape[:batch_dims] != self.batch for c in parts):
+            raise ValueError(f"the parts of y0 must share their first {batch_dims} (batch) dims, got "
+                             f"{[tuple(c.shape) for c in parts]}")
+        self.shapes = [c.shape for c in parts]
+        self.sizes = [c.numel() // max(1, math.prod(self.batch)) for c in parts]
+        self.x0 = torch.cat([c.reshape(*self.batch, n) for c, n in zip(parts, self.sizes)], -1)
+
+    def unflatten(self, x):
+        batch = x.shape[:-1]  # (*batch) inside a step, (L, *batch) for a trajectory
+        lead = batch[:len(batch) - len(self.batch)]
+        parts = tuple(c.reshape((*lead, *s)) for c, s in zip(torch.split(x, self.sizes, -1), self.shapes))
+        return parts if self.is_tuple else parts[0]
+
+    def flatten(self, out, what):
+        if self.is_tuple:
+            if not isinstance(out, (tuple, list)) or len(out) != len(self.shapes):
+                raise TypeError(f"{what} must return a tuple of {len(self.shapes)} tensors like y0")
+        parts = tuple(out) if self.is_tuple else (out,)
+        return torch.cat([check_out(o, s, what).reshape(*self.batch, n)
+                          for o, s, n in zip(parts, self.shapes, self.sizes)], -1)
+
+    def assemble(self, X):
+        return self.unflatten(X)
+
+
+class PartitionedState:
+    """(q0, p0) from a 2-tuple or the split of a tensor, each as (*batch, n)."""
+
+    def __init__(self, y0, split, batch_dims):
+        self.is_tuple = isinstance(y0, tuple)
+        if self.is_tuple:
+            if len(y0) != 2:
+                raise ValueError(f"a partitioned method needs y0 = (q0, p0) or a tensor to split, "
+                                 f"got a tuple of {len(y0)}; use a first-order method "
+                                 f"({', '.join(FIRST_ORDER_METHOD_NAMES)}) for other states")
+            if split is not None:
+                raise ValueError("options['split'] applies to a tensor y0, not to y0 = (q0, p0)")
+            q0, p0 = y0
+        else:
+            if y0.dim() == 0:
+                raise ValueError("a partitioned method needs y0 with a last dim to split into (q, p)")
+            m = y0.shape[-1]
+            if split is None:
+                if m % 2:
+                    raise ValueError(f"y0's last dim is {m}, odd: pass options['split'] = k "
+                                     f"(q = y[..., :k]) or y0 = (q0, p0)")
+                split = m // 2
+            if isinstance(split, bool) or not isinstance(split, int) or not 0 < split < m:
+                raise ValueError(f"options['split'] must be an int in (0, {m}), got {split!r}")
+            q0, p0 = y0[..., :split], y0[..., split:]
+        self.split, self.y_shape = split, (None if self.is_tuple else y0.shape)
+        dims = min(q0.dim(), p0.dim()) - (0 if self.is_tuple else 1)
+        if batch_dims > dims:
+            raise ValueError(f"options['batch_dims'] = {batch_dims} exceeds the batch dims "
+                             f"available in y0 ({dims})")
+        self.batch = q0.shape[:batch_dims]
+        if p0.shape[:batch_dims] != self.batch:
+            raise ValueError(f"q0 and p0 must share their first {batch_dims} (batch) dims, got "
+                             f"{tuple(q0.shape)} and {tuple(p0.shape)}")
+        self.q_shape, self.p_shape = q0.shape, p0.shape
+        nb = max(1, math.prod(self.batch))
+        self.nq, self.np = q0.numel() // nb, p0.numel() // nb
+        self.q0, self.p0 = q0.reshape(*self.batch, self.nq), p0.reshape(*self.batch, self.np)
+
+    def user(self, qi, pi):
+        lead = qi.shape[:qi.dim() - 1 - len(self.batch)]
+        return qi.reshape((*lead, *self.q_shape)), pi.reshape((*lead, *self.p_shape))
+
+    def field(self, caller, func, t, qi, pi):
+        q, p = self.user(qi, pi)
+        if self.is_tuple:
+            out = caller(t, (q, p))
+            if not isinstance(out, (tuple, list)) or len(out) != 2:
+                raise TypeError("func must return a pair (dq, dp) for y0 = (q0, p0)")
+            dq, dp = out
+        else:
+            dy = check_out(caller(t, torch.cat([q, p], -1)), self.y_shape, "func")
+            dq, dp = dy[..., :self.split], dy[..., self.split:]
+        dq, dp = check_out(dq, q.shape, "func"), check_out(dp, p.shape, "func")
+        return dq.reshape(qi.shape), dp.reshape(pi.shape)
+
+    def assemble(self, Q, P):
+        q, p = self.user(Q, P)
+        return (q, p) if self.is_tuple else torch.cat([q, p], -1)
+
+
+class PartitionedSystem(VectorFieldSystem):
+    """The field (dq, dp) of the user's func; with separable=True each half comes from one call
+    with the other half zero (q and p may differ in size, unlike VectorFieldSystem's zeros_like)."""
+
+    tensor_time = True   # func takes t as a tensor anyway (torch.compile keeps it so)
+
+    def __init__(self, f, separable, nq, np_):
+        super().__init__(f, separable=separable)
+        self.nq, self.np_ = nq, np_
+
+    def velocity(self, p, t=0.0):
+        if not self.separable:
+            return super().velocity(p, t)
+        return self.f(t, p.new_zeros(*p.shape[:-1], self.nq), p)[0]
+
+    def force(self, q, t=0.0):
+        if not self.separable:
+            return super().force(q, t)
+        return self.f(t, q, q.new_zeros(*q.shape[:-1], self.np_))[1]
+
+
+class EnergySystem(Hamiltonian):
+    """X_H of the user's H(q, p); separable: ∂H/∂p at q = 0 and ∂H/∂q at p = 0, each by
+    autograd in the one variable (H's gradient in the other never enters)."""
+
+    def __init__(self, H, state, separable):
+        super().__init__(lambda qi, pi: H(*state.user(qi, pi)), time_dependent=False)
+        self.separable = bool(separable)
+        self.nq, self.np_ = state.nq, state.np
+
+    def velocity(self, p, t=0.0):
+        if not self.separable:
+            return super().velocity(p, t)
+        qz = p.new_zeros(*p.shape[:-1], self.nq)
+        return grad_of(lambda p_: self.energy(qz, p_), (p,))[0]
+
+    def force(self, q, t=0.0):
+        if not self.separable:
+            return super().force(q, t)
+        pz = q.new_zeros(*q.shape[:-1], self.np_)
+        return -grad_of(lambda q_: self.energy(q_, pz), (q,))[0]
+
+
+def partitioned_system(func, caller, state, options):
+    separable = options.get("separable", False)
+    if not isinstance(separable, bool):
+        raise ValueError(f"options['separable'] must be a bool, got {separable!r}")
+    H = options.get("hamiltonian")
+    if H is not None:
+        if not callable(H):
+            raise TypeError("options['hamiltonian'] must be callable as H(q, p) -> energy")
+        if func is not None:
+            raise ValueError("with options['hamiltonian'] pass func=None: the field is X_H")
+        system = EnergySystem(H, state, separable)
+        register_module(system, "user_hamiltonian", H)
+        return system
+    if func is None:
+        raise TypeError("func must be callable (or pass options['hamiltonian'] with func=None)")
+    system = PartitionedSystem(lambda t, qi, pi: state.field(caller, func, t, qi, pi), separable,
+                          state.nq, state.np)
+    register_module(system, "user_func", func)
+    return system
+
+
+def register_module(system, name, fn):
+    """Make the user's module (fn itself, or the module a bound method belongs to) a submodule
+    of the system, so the lean gradient modes find its parameters."""
+    owner = fn if isinstance(fn, torch.nn.Module) else getattr(fn, "__self__", None)
+    if isinstance(owner, torch.nn.Module) and owner is not system:
+        system.add_module(name, owner)
+
+
+_SYSTEMS: "collections.OrderedDict" = collections.OrderedDict()
+
+
+def system_for(compile, kind, func, options, state, y0, caller, build):
+    """The system odeint steps: ``build()``; with ``compile`` the one an earlier call with the
+    same func, options and layout of y0 built (its compiled graphs are kept per system, so a
+    loop of odeint calls compiles once).  Its closures use the layout only, never y0's values."""
+    if not compile:
+        return build()
+    parts = y0 if isinstance(y0, tuple) else (y0,)
+    H = options.get("hamiltonian")
+    key = (kind, id(func), id(H), options.get("separable", False), options.get("split"),
+           options.get("batch_dims", 0), isinstance(y0, tuple), tuple(c.shape for c in parts),
+           caller.dtype, caller.device, caller.grad)
+    hit = _SYSTEMS.get(key)
+    if hit is not None and hit[0] is func and hit[1] is H:
+        _SYSTEMS.move_to_end(key)
+        return hit[2]
+    system = _SYSTEMS[key] = (func, H, build())
+    while len(_SYSTEMS) > 8:   # each entry keeps its func (and compiled graphs) alive
+        _SYSTEMS.popitem(last=False)
+    return system[2]
