@@ -85,6 +85,11 @@ def test_integrator_declares_its_protocol():
             assert m.check_state is None or callable(m.check_state)
             assert m.options is None or isinstance(m.options, SolveOptions)
     assert tgi.METHODS["verlet"].options is None or tgi.METHODS["verlet"].solver == "fixed_point"
+    class Own(tgi.Integrator):   # a user's method keeps whatever attributes it sets
+        def __init__(self):
+            self.solver, self.tol = "broyden", 1e-3
+
+    assert (Own().solver, Own().tol, Own().options) == ("broyden", 1e-3, None)
     m = tgi.METHODS["implicit_midpoint_yoshida4"].with_options(solver="newton", tol=1e-12)
     assert all(s.solver == "newton" and s.tol == 1e-12 for s, _ in m.stages())
     assert m == tgi.METHODS["implicit_midpoint_yoshida4"] and m.name == "implicit_midpoint_yoshida4"

@@ -34,12 +34,6 @@ class Integrator:
     check_state = None
     options: SolveOptions | None = None
 
-    # The solver settings, read from ``options`` (set ``options`` to change them).
-    solver = property(lambda self: None if self.options is None else self.options.solver)
-    tol = property(lambda self: None if self.options is None else self.options.tol)
-    max_iter = property(lambda self: None if self.options is None else self.options.max_iter)
-    backward = property(lambda self: "implicit" if self.options is None else self.options.backward)
-
     def with_options(self, **changes) -> "Integrator":
         """The same method with its :class:`SolveOptions` changed (``solver``, ``tol``, ...);
         itself when it solves nothing."""
@@ -94,6 +88,19 @@ class Integrator:
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(name={self.name!r}, order={self.order}, "
                 f"symplectic={self.symplectic}, symmetric={self.symmetric})")
+
+
+class ImplicitIntegrator(Integrator):
+    """An integrator that solves equations each step: its ``options`` (a :class:`SolveOptions`)
+    are the one place its solver settings live; ``solver``/``tol``/``max_iter``/``backward``
+    read them (replace ``options``, or use ``with_options``, to change them)."""
+
+    options: SolveOptions
+
+    solver = property(lambda self: self.options.solver)
+    tol = property(lambda self: self.options.tol)
+    max_iter = property(lambda self: self.options.max_iter)
+    backward = property(lambda self: self.options.backward)
 
 
 def explicit_splitting(integrator, system):

@@ -23,14 +23,14 @@ import torch
 from ..lifts import CotangentLift
 from ..maps import AlphaMap, DiscretizationMap
 from ..solvers import SolveOptions
-from .base import Integrator, explicit_splitting, run_splitting
+from .base import ImplicitIntegrator, explicit_splitting, run_splitting
 
 _NEWTON_HINT = ("the fixed-point iteration needs h·|∂X_H| small enough to contract: reduce h, or "
                 "solve the same equations by Newton: method=tgi.CotangentLiftIntegrator("
                 "tgi.AlphaMap({a}), solver='newton') (odeint: options['solver'] = 'newton')")
 
 
-class CotangentLiftIntegrator(Integrator):
+class CotangentLiftIntegrator(ImplicitIntegrator):
     """Eq. (20) for any DiscretizationMap ``R`` on Q.
 
     ``solver``: ``"fixed_point"`` (default for the α-family) or ``"newton"`` (always used for

@@ -59,7 +59,7 @@ import torch
 
 from ..maps import AlphaMap, DiscretizationMap, RetractionMap
 from ..solvers import SolveOptions
-from .base import Integrator
+from .base import ImplicitIntegrator
 from .registry import register
 
 Tensor = torch.Tensor
@@ -85,7 +85,7 @@ def _first_component(R: DiscretizationMap):
     return lambda x, v: R.forward_unchecked(x, v)[0]
 
 
-class FirstOrderIntegrator(Integrator):
+class FirstOrderIntegrator(ImplicitIntegrator):
     r"""Eq. (1) for any DiscretizationMap ``R`` on the state space (see the module docstring).
 
     Args:

@@ -27,7 +27,7 @@ import torch
 from ..lifts import TangentLift
 from ..maps import AlphaMap, DiscretizationMap, ForwardEulerMap, MidpointMap
 from ..solvers import SolveOptions
-from .base import Integrator
+from .base import ImplicitIntegrator, Integrator
 from .registry import register
 
 Tensor = torch.Tensor
@@ -152,7 +152,7 @@ class NewmarkMap(DiscretizationMap):
 
 
 # -- the generic integrators of eqs. (10) and (11) -------------------------------------------------
-class SODEIntegrator(Integrator):
+class SODEIntegrator(ImplicitIntegrator):
     r"""Eq. (10) or eq. (11) for a discretization map ``R`` on TQ (points ``cat([q, v], -1)``).
 
     ``R``: a DiscretizationMap on TQ, or a callable ``h -> DiscretizationMap`` for maps that
@@ -357,7 +357,7 @@ class Newmark(SODEIntegrator):
 
 
 # -- the discrete second-order equation of Sect. 4.2 ----------------------------------------------
-class DiscreteSODE(Integrator):
+class DiscreteSODE(ImplicitIntegrator):
     r"""Eq. (11) with the tangent lift of R_d on Q, written as a discrete second-order equation
     (q_{k−1}, q_k) ↦ q_{k+1} (Sect. 4.2): the velocity v_k = DR²_d(q̄', w')·(w'/h, hF(q̄', w'/h))
     at the end of the pair (q_{k−1}, q_k) = R_d(q̄', w') must equal the velocity

@@ -25,7 +25,7 @@ import torch
 from ..lagrangian import DiscreteLagrangian, Lagrangian, MechanicalLagrangian, check_fractions
 from ..maps import AlphaMap, DiscretizationMap
 from ..solvers import ConvergenceError, SolveOptions
-from .base import Integrator
+from .base import ImplicitIntegrator, Integrator
 from .registry import register
 
 Tensor = torch.Tensor
@@ -63,7 +63,7 @@ def _velocity_guess(L: Lagrangian, q, p, t) -> Tensor:
         return torch.where(ok, v, zero)  # a singular W at v = 0 is judged after the solve
 
 
-class VariationalIntegrator(Integrator):
+class VariationalIntegrator(ImplicitIntegrator):
     r"""The discrete variational integrator of L_d^h = h·L(R_d⁻¹/h) (Sect. 5.3), on the state (q, p).
 
     ``R``: a DiscretizationMap on Q, or a sequence of them with step ``fractions`` (default equal;
@@ -188,7 +188,7 @@ class VariationalIntegrator(Integrator):
         return out
 
 
-class DiscreteEulerLagrange(Integrator):
+class DiscreteEulerLagrange(ImplicitIntegrator):
     r"""The discrete Euler–Lagrange equations D₁L_d(q_k, q_{k+1}) + D₂L_d(q_{k−1}, q_k) = 0
     solved for q_{k+1} (Newton), L_d^h = h·L(R_d⁻¹/h) (Sect. 5.3): it is the variational
     integrator with p_k = D₂L_d(q_{k−1}, q_k) eliminated.

@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from ..integrators import TABLES, Composition
-from ..integrators.base import Integrator
+from ..integrators.base import ImplicitIntegrator, Integrator
 from ..integrators.registry import register
 from ..maps import check_alpha
 from ..solvers import SolveOptions
@@ -67,7 +67,7 @@ def _right_tau_split(group, g, tau, alpha, V):
     return g + g @ K
 
 
-class LieGroupIntegrator(Integrator):
+class LieGroupIntegrator(ImplicitIntegrator):
     r"""Eq. (20) on T*G with the map R_d(g, ξ) = (g τ(−αξ), g τ((1−α)ξ)) (module docstring).
 
     ``tau``: ``"cayley"`` (rational, cheapest) or ``"exp"``; ``alpha`` in [0, 1] (½: symmetric,

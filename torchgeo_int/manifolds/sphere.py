@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ..integrators.base import Integrator
+from ..integrators.base import ImplicitIntegrator
 from ..maps import DiscretizationMap, check_alpha
 from ..solvers import SolveOptions
 
@@ -139,7 +139,7 @@ class SphereMap(DiscretizationMap):
         return {"i": res_i, "ii": float((D - P).abs().max())}
 
 
-class SphereODEIntegrator(Integrator):
+class SphereODEIntegrator(ImplicitIntegrator):
     r"""Eq. (1) on Sⁿ: h X(τ(R_d⁻¹(x_k, x_{k+1}))) = R_d⁻¹(x_k, x_{k+1}) for a tangent vector field
     ẋ = X(t, x) (an :class:`~torchgeo_int.ODESystem`; X is projected onto T_xSⁿ), with a
     :class:`SphereMap`.  The unknown is w ∈ T_{x_k}Sⁿ with x_{k+1} = R_{x_k}(w), so every iterate
