@@ -301,16 +301,25 @@ def _progress_bar(total, initial, desc, enabled):
         from tqdm.auto import tqdm
     except ImportError:  # tqdm is an optional dependency: train without a bar
         return None
-    return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, leave=False)
+    return tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True,
+                leave=False)
+
+
+#: ``threads="auto"``: batches of at most this many numbers train with one intra-op thread
+SMALL_BATCH = 1 << 16
+
+
+def _batch_numel(batch) -> int:
+    return sum(x.numel() for x in batch if isinstance(x, Tensor))
 
 
 def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | None = None,
         epochs: int | None = None, lr: float = 1e-3, weight_decay: float = 0.0,
         optimizer: torch.optim.Optimizer | None = None, batch_size: int | None = None,
         shuffle: bool = True, seed: int = 0, grad_clip: float | None = None,
-        progress: bool = True, desc: str = "fit", log_every: int = 10,
+        progress: bool = True, desc: str = "training", log_every: int = 10,
         checkpoint=None, checkpoint_every: int | None = None, resume=False,
-        max_time: float | None = None) -> dict:
+        max_time: float | None = None, threads="auto") -> dict:
     r"""Minimise ``loss_fn(model, *batch)`` by gradient steps; returns
     ``{"loss": [per-step losses], "step": steps done in total, "seconds": wall time of this call,
     "stopped": "steps" | "time"}``.
@@ -327,7 +336,14 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
     optimizer, RNG, step and loss history: k steps, save, load, N − k steps gives bit-for-bit the
     parameters of N uninterrupted steps (same data, deterministic kernels).
     The loss is synced to the host every ``log_every`` steps only; a non-finite loss raises
-    ``FloatingPointError`` naming the steps.
+    ``FloatingPointError`` naming the steps.  ``progress``: a tqdm bar labelled ``desc`` (steps,
+    and the last logged loss).
+
+    ``threads``: torch's intra-op CPU threads during the call, restored on return.  ``"auto"``
+    (the default) uses one thread when the first batch holds at most ``SMALL_BATCH`` (65536)
+    numbers — HNN-sized batches gain nothing from OpenMP threads, and on a machine shared with
+    other jobs their spin-waits made training through rollouts 16× slower — and leaves torch's
+    setting otherwise; an int sets it; ``None`` leaves it alone.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -344,6 +360,9 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
         raise ValueError("checkpoint_every needs checkpoint=<path>")
     if max_time is not None and not (max_time > 0):
         raise ValueError(f"max_time must be positive seconds, got {max_time!r}")
+    if not (threads is None or threads == "auto"
+            or (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1)):
+        raise ValueError(f"threads must be 'auto', None or an int >= 1, got {threads!r}")
 
     batches = _as_batches(data, batch_size, shuffle, seed)
     per_epoch = len(batches)
@@ -392,13 +411,22 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
     t0 = time.perf_counter()
     step, stopped = start, "steps"
     model.train()
+    threads_before = torch.get_num_threads()
     try:
         epoch, pos = divmod(step, per_epoch)
         while step < total and stopped == "steps":
             for batch in batches.epoch(epoch, pos):
+                if threads is not None and step == start:
+                    small = threads == "auto" and _batch_numel(batch) <= SMALL_BATCH
+                    if small or isinstance(threads, int):
+                        torch.set_num_threads(1 if small else threads)
                 loss = loss_fn(model, *batch)
                 if not isinstance(loss, Tensor) or loss.dim() != 0:
-                    raise TypeError("loss_fn must return a scalar tensor")
+                    got = (f"shape {tuple(loss.shape)}" if isinstance(loss, Tensor)
+                           else type(loss).__name__)
+                    raise TypeError(f"loss_fn(model, *batch) must return a scalar tensor, got "
+                                    f"{got} (batch: {len(batch)} tensors of shapes "
+                                    f"{[tuple(x.shape) for x in batch]})")
                 opt.zero_grad(set_to_none=True)
                 try:
                     loss.backward()
@@ -425,6 +453,7 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
         flush(step)
         save(step)
     finally:
+        torch.set_num_threads(threads_before)
         if bar is not None:
             bar.close()
     return {"loss": losses, "step": step, "seconds": time.perf_counter() - t0, "stopped": stopped}
