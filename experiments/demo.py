@@ -138,7 +138,7 @@ def plot_orbits(results, path):
         ax.set_xlabel("x (GM = 1)")
         ax.set_ylabel("y")
         ax.set_title(f"Kepler e = 0.6, {name}, {_time(T, problem)}", fontsize=10)
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+        ax.legend(fontsize=8, loc="center")     # inside the orbit: the one empty region
     ax = axes[-1]
     if "outer_solar_system" not in results:
         ax.axis("off")
