@@ -201,3 +201,8 @@ def test_demo_tables_render_and_the_hnn_line_says_win_or_loss(tmp_path, monkeypa
            "better, 4× lower)" in lines[2]
     assert "energy 8 (symplectic-step HNN better, 4× lower), state 0.05 (symplectic-step HNN " \
            "worse, 2× higher)" in lines[3]
+
+
+def test_readme_tables_render():
+    """The README's own tables: a `|` inside a code span splits a GitHub table cell too."""
+    assert assert_tables_render(README) >= 5
