@@ -52,14 +52,15 @@ def _data():
 
 
 @pytest.mark.parametrize("call", ["rollout_loss", "residual_loss", "make_windows",
-                                  "finite_differences"])
+                                  "finite_differences", "rollout_mse"])
 def test_time_first_rollout_output_is_refused_naming_both_layouts(call):
     q, p = _data()                      # (31, 8, 1): time first
     model = tgi.nn.SeparableHNN(1, width=8)
     fns = {"rollout_loss": lambda **kw: tgi.nn.rollout_loss(model, q, p, dt=0.1, **kw),
            "residual_loss": lambda **kw: tgi.nn.residual_loss(model, q, p, dt=0.1, **kw),
            "make_windows": lambda **kw: tgi.nn.make_windows(q, p, 3, **kw),
-           "finite_differences": lambda **kw: tgi.nn.finite_differences(q, p, 0.1, **kw)}
+           "finite_differences": lambda **kw: tgi.nn.finite_differences(q, p, 0.1, **kw),
+           "rollout_mse": lambda **kw: tgi.nn.rollout_mse(model, q, p, dt=0.1, **kw)}
     with pytest.raises(ValueError, match=rf"{call} takes q, p sample-first, \(N, L, n\).*look "
                                          r"time-first, \(T, B, n\) as tgi.rollout returns.*"
                                          r"layout='time_first'"):
