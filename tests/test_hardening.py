@@ -32,6 +32,11 @@ def test_per_coordinate_hamiltonian_is_refused_naming_both_shapes():
         tgi.rollout(bad, Q0, P0, h=0.1, steps=3, method="implicit_midpoint")
     with pytest.raises(ValueError, match=r"returned shape \(2,\).*shape \(\)"):
         bad.energy(Q0[0], P0[0])        # the (2,) energy for one sample of shape (2,)
+    # fewer values than rows is one system's total (an N-body state (bodies, 3)): accepted
+    total = tgi.Hamiltonian(lambda q, p: 0.5 * (p * p).sum() - (1 / q.norm(dim=-1)).sum())
+    q, _ = tgi.rollout(total, Q0, P0, h=0.1, steps=2, method="implicit_midpoint")
+    ref, _ = tgi.rollout(tgi.Hamiltonian(_kepler_H), Q0, P0, h=0.1, steps=2, method="implicit_midpoint")
+    assert torch.allclose(q, ref, atol=1e-12)
     # the correct one still runs, and a named function is named
     q, _ = tgi.rollout(tgi.Hamiltonian(_kepler_H), Q0, P0, h=0.1, steps=3, method="implicit_midpoint")
     assert q.shape == (4, 2, 2)

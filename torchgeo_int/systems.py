@@ -59,7 +59,8 @@ def _is_user(fn) -> bool:
 
 def check_energy(out, batch_of: Tensor, label: str = "the energy function", fn=None) -> Tensor:
     """The output of a user's energy (H, T, V): a real tensor with one value per sample, i.e.
-    ``batch_of.shape[:-1]`` (``batch_of``: the input whose last dim holds the coordinates).
+    ``batch_of.shape[:-1]`` (``batch_of``: the input whose last dim holds the coordinates), or
+    fewer (an N-body state (..., bodies, 3) has one energy per system).
 
     Checked on every evaluation: an integer comparison of shapes (no kernel, no host sync),
     nothing next to the autograd call it guards.  Without it, per-coordinate values (shape
@@ -75,12 +76,16 @@ def check_energy(out, batch_of: Tensor, label: str = "the energy function", fn=N
                         "for complex states z integrate real coordinates, e.g. "
                         "q = torch.cat([z.real, z.imag], -1)")
     batch = batch_of.shape[:-1]
-    if out.numel() != batch.numel() and _is_user(fn):
+    # Fewer values than rows is fine: leading dims of one system's state (bodies × coordinates)
+    # summed into its energy.  More means values per coordinate, which the gradient of the sum
+    # turns into another system.
+    if out.numel() > batch.numel() and _is_user(fn):
         what = _what(label, fn)
         raise ValueError(f"{what} returned shape {tuple(out.shape)} for an input of shape "
                          f"{tuple(batch_of.shape)}: it must return one value per sample, shape "
-                         f"{tuple(batch)} (sum over the coordinates, e.g. (p * p).sum(-1) / 2, "
-                         "and norms with dim=-1 but without keepdim)")
+                         f"{tuple(batch)} (or a total over leading dims), not one per coordinate: "
+                         "sum over the last dim, e.g. (p * p).sum(-1) / 2, and take norms with "
+                         "dim=-1 but without keepdim")
     return out
 
 
