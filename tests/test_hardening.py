@@ -245,3 +245,20 @@ def test_map_inverse_convergence_error_advises_about_the_map_not_the_step():
     msg = str(info.value)
     assert "inverse of _SineMap" in msg and "too far apart" in msg and "newton_max_iter" in msg
     assert "use solver='newton'" not in msg     # the solver's advice for integrator steps
+
+
+def test_spherical_pendulum_top_conversions_refuse_states_off_their_manifold():
+    pend = tgi.manifolds.SphericalPendulum()
+    q = torch.tensor([[0.6, 0.0, 0.8]])
+    p = torch.tensor([[0.0, 1.0, 0.0]])
+    g, mu = pend.to_top_state(q, p)
+    q2, p2 = pend.from_top_state(g, mu)
+    assert torch.allclose(q2, q, atol=1e-14) and torch.allclose(p2, p, atol=1e-14)
+    with pytest.raises(ValueError, match="q is not on the sphere"):
+        pend.to_top_state(2 * q, p)
+    with pytest.raises(ValueError, match="g is not a rotation matrix"):
+        pend.from_top_state(1.01 * g, mu)
+    flipped = g.clone()
+    flipped[..., 0] *= -1
+    with pytest.raises(ValueError, match="det -1"):
+        pend.from_top_state(flipped, mu)
