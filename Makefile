@@ -11,19 +11,30 @@ PIP_TORCH := -c constraints-cpu.txt $(TORCH_INDEX)
 
 $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH (or: make PYTHON=python3)"; exit 1; }
+	@echo "[make] creating the virtual environment $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q $(PIP_TORCH) -e '.[dev]'
+	@echo "[make] installing torch (CPU wheel, ~200 MB), torchdiffeq, scipy, matplotlib, tqdm,"
+	@echo "[make] pytest and torchgeo_int itself (editable) into $(VENV): about a minute"
+	$(PY) -m pip install $(PIP_TORCH) -e '.[dev]'
+	@echo "[make] installed; next runs skip this step (delete $(VENV) to reinstall)"
 	@touch $@
 
 install: $(VENV)/.installed
 
+# One OpenMP thread unless the caller says otherwise: small tensors gain nothing from threads,
+# and on a shared machine their spin-waits cost 10x and more (see the README, "Threads").
+export OMP_NUM_THREADS ?= 1
+
 test: $(VENV)/.installed
+	@echo "[make] running the test suite (a few minutes on 2 CPU cores)"
 	$(PY) -m pytest
 
 demo: $(VENV)/.installed
+	@echo "[make] running experiments/demo.py (about 2 minutes): integrators, then HNN training"
 	$(PY) experiments/demo.py
 
 bench: $(VENV)/.installed
+	@echo "[make] running the benchmarks (about 6 minutes)"
 	$(PY) -m experiments.bench
 
 clean:

@@ -6,9 +6,11 @@
    implicit_midpoint (a fixed point) about eight, so h scales with that count; dopri5 runs at
    rtol = atol = 1e-8 and picks its own steps.  Prints, per
    problem: method, steps, force evaluations, wall time, max relative energy error, final
-   position error against scipy's DOP853 at rtol = 1e-13.  The symplectic methods keep the
+   position error (max over bodies of |q − q_ref|, relative to the largest |q_ref|: a fraction
+   of the orbit's size) against scipy's DOP853 at rtol = 1e-13.  The symplectic methods keep the
    energy error bounded; rk4 and dopri5 drift.
-2. Plots under results/demo/: energy error vs time (log–log) and the orbits.
+2. Plots under results/demo/: energy error vs time (log–log) and the orbits; the tables in
+   integrators.md, every number in integrators.json (and hnn.json for part 3).
 3. If ``experiments.hnn`` provides ``demo_pendulum``, trains a Hamiltonian neural network through
    symplectic (Verlet) steps on the pendulum (about a minute), and compares its energy MSE with
    derivative matching on the true derivatives and on finite differences, at the same seeded
@@ -92,19 +94,28 @@ def run_problem(key, args):
     return problem, T, rows, curves, qr
 
 
+def _time(T, problem):
+    return f"T = {T:g} {problem.unit}" if problem.unit else f"T = {T:g} (units with GM = 1)"
+
+
 def plot_energy(results, path):
+    """Log–log energy error; torchdiffeq's curves dashed, thick and drawn on top (our methods'
+    oscillating curves fill bands late in time that hid thin dotted lines), legend below the
+    axes so that it covers no curve."""
     plt = common.plt()
-    fig, axes = plt.subplots(1, len(results), figsize=(6.5 * len(results), 4.8))
-    for ax, (key, (problem, T, rows, curves, _)) in zip(np.atleast_1d(axes), results.items()):
+    fig, axes = plt.subplots(1, len(results), figsize=(6.5 * len(results), 5.6), squeeze=False)
+    for ax, (key, (problem, T, rows, curves, _)) in zip(axes[0], results.items()):
         for name, (t, rel, _) in curves.items():
-            ax.loglog(t[1:], np.maximum(rel[1:], 1e-17), lw=1, label=name,
-                      ls="-" if name in tgi.METHODS else ":")
-        ax.set_xlabel(f"t{' [days]' if problem.unit else ''}")
+            ours = name in tgi.METHODS
+            ax.loglog(t[1:], np.maximum(rel[1:], 1e-17), label=name if ours else f"{name} (torchdiffeq)",
+                      lw=0.8 if ours else 2.2, ls="-" if ours else "--", alpha=0.85 if ours else 1.0,
+                      zorder=2 if ours else 3)
+        ax.set_xlabel(f"t{' [' + problem.unit + ']' if problem.unit else ' (GM = 1)'}")
         ax.set_ylabel("|H − H₀| / |H₀|")
-        ax.set_title(f"{key}, T = {T:g}")
+        ax.set_title(f"{key}, {_time(T, problem)}")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle("energy error at ≈ equal force evaluations; solid: torchgeo_int, dotted: "
+        ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.14))
+    fig.suptitle("energy error at ≈ equal force evaluations; solid: torchgeo_int, dashed: "
                  "torchdiffeq", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -112,24 +123,37 @@ def plot_energy(results, path):
 
 
 def plot_orbits(results, path):
+    """One panel per Kepler method (their orbits overlap: drawn on one axes only the last one
+    showed), with the reference final state, then the outer solar system."""
     plt = common.plt()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5.5))
-    problem, T, rows, curves, _ = results["kepler"]
-    for name in ("verlet", "rk4", "dopri5"):
+    names = ("verlet", "rk4", "dopri5")
+    fig, axes = plt.subplots(2, 2, figsize=(11, 10))
+    axes = axes.ravel()
+    problem, T, rows, curves, qr = results["kepler"]
+    for ax, name in zip(axes, names):
         q = curves[name][2]
-        axes[0].plot(q[:, 0], q[:, 1], ".", ms=2, label=name)   # dots: saves are far apart
-    axes[0].set_aspect("equal")
-    axes[0].set_title(f"Kepler e = 0.6, T = {T:g}: saved points of each trajectory")
-    axes[0].legend(fontsize=8)
-    if "outer_solar_system" in results:
+        ax.plot(q[:, 0], q[:, 1], ".", ms=2, label=f"{name}: saved states")
+        ax.plot(*np.asarray(qr).reshape(-1)[:2], "k+", ms=12, mew=2, label="reference final state")
+        ax.set_aspect("equal")
+        ax.set_xlabel("x (GM = 1)")
+        ax.set_ylabel("y")
+        ax.set_title(f"Kepler e = 0.6, {name}, {_time(T, problem)}", fontsize=10)
+        ax.legend(fontsize=8, loc="center")     # inside the orbit: the one empty region
+    ax = axes[-1]
+    if "outer_solar_system" not in results:
+        ax.axis("off")
+    else:
         problem, T, rows, curves, _ = results["outer_solar_system"]
         _, _, _, _, bodies = common.load_outer_solar_system()
         q = curves["kahan_li8"][2]
         for i, body in enumerate(bodies):
-            axes[1].plot(q[:, i, 0], q[:, i, 1], ".", ms=2, label=body)
-        axes[1].set_aspect("equal")
-        axes[1].set_title(f"outer solar system, kahan_li8, T = {T:g} days (x, y in AU)")
-        axes[1].legend(fontsize=8)
+            ax.plot(q[:, i, 0], q[:, i, 1], ".", ms=2, label=body)
+        ax.set_aspect("equal")
+        ax.set_xlabel("x [AU]")
+        ax.set_ylabel("y [AU]")
+        ax.set_title(f"outer solar system, kahan_li8, {_time(T, problem)}", fontsize=10)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3,
+                  markerscale=4)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -145,14 +169,35 @@ def hnn_part(steps, out):
     print(f"\nHNN on the pendulum, {steps} Adam steps each: through symplectic steps, then "
           "derivative matching on the true derivatives and on finite differences")
     res = demo_pendulum(steps=steps, progress=True)
-    sym, a, a_fd = res["symplectic"], res["derivative_matching"], res["derivative_matching_fd"]
-    print(f"  energy MSE over t ∈ [0, 20] (true H): {sym['method']} {sym['energy_mse']:.3g}; "
-          f"derivative matching, true derivatives {a['energy_mse']:.3g} (ratio "
-          f"{res['energy_mse_ratio']:.3g}); on finite differences of the same noisy states "
-          f"{a_fd['energy_mse']:.3g} (ratio {res['energy_mse_ratio_fd']:.3g}); < 1: the "
-          f"symplectic-step HNN is better")
+    for line in hnn_summary(res):
+        print("  " + line)
     (out / "hnn.json").write_text(json.dumps(res, indent=1, default=str))
     return res
+
+
+def _verdict(ours: float, theirs: float) -> str:
+    if not (ours == ours and theirs == theirs):
+        return "no comparison (a NaN)"
+    if ours == theirs:
+        return "a tie"
+    return (f"symplectic-step HNN better, {theirs / ours:.2g}× lower" if ours < theirs
+            else f"symplectic-step HNN worse, {ours / theirs:.2g}× higher")
+
+
+def hnn_summary(res) -> list[str]:
+    """Lines that say, per metric and per derivative-matching arm, which one wins and by what
+    factor (a bare ratio with "< 1 is better" read as a win when it was a loss)."""
+    sym = res["symplectic"]
+    lines = [f"rolled out over t ∈ [0, 20] from 25 held-out states; energy MSE (true H) and "
+             f"state MSE (vs the true trajectories), lower is better:",
+             f"{sym['method']}: energy {sym['energy_mse']:.3g}, state {sym['state_mse']:.3g}"]
+    for key, what in (("derivative_matching", "derivative matching on the true derivatives"),
+                      ("derivative_matching_fd", "derivative matching on finite differences of "
+                                                 "the same noisy states")):
+        a = res[key]
+        lines.append(f"{what}: energy {a['energy_mse']:.3g} ({_verdict(sym['energy_mse'], a['energy_mse'])}), "
+                     f"state {a['state_mse']:.3g} ({_verdict(sym['state_mse'], a['state_mse'])})")
+    return lines
 
 
 def main(argv=None):
@@ -173,13 +218,16 @@ def main(argv=None):
     results = {key: run_problem(key, args) for key in args.problems}
     cols = [("method", "method"), ("steps", "steps"), ("evals", "force evals"),
             ("seconds", "wall s"), ("max_rel_energy_error", "max |ΔH/H₀|"),
-            ("final_position_error", "final position error")]
+            ("final_position_error", "final position error (÷ max |q_ref|)")]
     md = []
     for key, (problem, T, rows, _, _) in results.items():
         table = common.markdown_table(rows, cols)
         head = f"{key}, T = {T:g}{' days' if problem.unit else ''}"
         print(f"\n{head}\n{table}")
         md += [f"## {head}", "", table, ""]
+    md += ["Final position error: max over bodies of |q(T) − q_ref(T)| divided by the largest "
+           "|q_ref(T)| (dimensionless: a fraction of the orbit's size), with q_ref from scipy's "
+           "DOP853 at rtol = atol = 1e-13. Every number is in integrators.json.", ""]
     if "kepler" in results:
         plot_energy(results, out / "energy_error.png")
         plot_orbits(results, out / "orbits.png")
@@ -189,7 +237,8 @@ def main(argv=None):
     (out / "integrators.json").write_text(json.dumps(
         dict(problems={k: dict(T=v[1], rows=v[2]) for k, v in results.items()}, hnn=hnn),
         indent=1, default=str))
-    print(f"\nwrote {out}/integrators.md, energy_error.png, orbits.png ({time.perf_counter() - t0:.0f} s)")
+    wrote = "integrators.md, integrators.json, energy_error.png, orbits.png" + (", hnn.json" if hnn else "")
+    print(f"\nwrote {out}/: {wrote} ({time.perf_counter() - t0:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -264,7 +264,7 @@ def test_checkpoint_functions_and_resume_errors(tmp_path):
         fit(model, lambda m, x: m.energy(x, x).mean(), torch.zeros(4, 1), steps=1,
             resume=tmp_path / "missing.pt", progress=False)
     torch.save({"weights": torch.zeros(1)}, tmp_path / "foreign.pt")
-    with pytest.raises(ValueError, match="not a torchgeo_int.nn checkpoint"):
+    with pytest.raises(ValueError, match="not a valid torchgeo_int checkpoint"):
         load_checkpoint(tmp_path / "foreign.pt", model)
 
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from ._autograd import leaves_after, reaches_other_leaves
 from ._validate import check_even_last_dim, check_pair
-from .solvers import newton
+from .solvers import ConvergenceError, newton
 
 Tensor = torch.Tensor
 
@@ -87,8 +87,21 @@ class DiscretizationMap(nn.Module):
             y0, y1 = self._forward(*z)
             return (y0 - x0, y1 - x1)
 
-        return newton(residual, ((x0 + x1) / 2, x1 - x0), args=(x0, x1),
-                      max_iter=self.newton_max_iter)
+        try:
+            return newton(residual, ((x0 + x1) / 2, x1 - x0), args=(x0, x1),
+                          max_iter=self.newton_max_iter)
+        except ConvergenceError as err:
+            # the solver's own advice is about an integrator's step; here the unknown is the
+            # map's (x, v) and what fails is its inverse near the pair (x0, x1)
+            raise type(err)(
+                f"the inverse of {type(self).__name__} (Newton from the midpoint guess): "
+                f"{err.reason}", iterations=err.iterations, residual=err.residual,
+                tol=err.tol, step=err.step,
+                hint=(f"R_d⁻¹ is solved near the diagonal x0 = x1; these pairs are too far "
+                      f"apart for {type(self).__name__} or it is not invertible there: bring "
+                      "x0, x1 closer (a smaller h inside an integrator, a shorter sampling "
+                      "interval for data), raise the map's newton_max_iter (now "
+                      f"{self.newton_max_iter}), or give the map a closed-form _inverse")) from None
 
     newton_max_iter: int = 50
 

@@ -39,7 +39,86 @@ def takes_time(fn: Callable, n_state_args: int) -> bool:
     return len(positional) > n_state_args
 
 
-def grad_of(fn: Callable[..., Tensor], inputs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+def _fn_name(fn) -> str:
+    """How the user's function is called in error messages."""
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    return "(a lambda)" if name.endswith("<lambda>") else repr(name)
+
+
+def _what(label: str, fn=None) -> str:
+    return label if fn is None else f"{label} {_fn_name(fn)}"
+
+
+def _is_user(fn) -> bool:
+    """Whether ``fn`` is the user's (its shapes are checked), not one of the package's own
+    functions or modules: those are tested, and some (odeint's wrapper of a user's H) see
+    reshaped tensors, so their output shapes are checked where the user's shapes are known."""
+    module = getattr(fn, "__module__", None) or ""
+    return fn is not None and not (module == "torchgeo_int" or module.startswith("torchgeo_int."))
+
+
+def check_energy(out, batch_of: Tensor, label: str = "the energy function", fn=None) -> Tensor:
+    """The output of a user's energy (H, T, V): a real tensor with one value per sample, i.e.
+    ``batch_of.shape[:-1]`` (``batch_of``: the input whose last dim holds the coordinates), or
+    fewer (an N-body state (..., bodies, 3) has one energy per system).
+
+    Checked on every evaluation: an integer comparison of shapes (no kernel, no host sync),
+    nothing next to the autograd call it guards.  Without it, per-coordinate values (shape
+    ``(..., n)``) are summed by the gradient into a *different* system, and the rollout runs.
+    ``label`` and ``fn`` name the user's function in the message (formatted on error only); the
+    shape is checked when ``fn`` is the user's (:func:`_is_user`)."""
+    if not isinstance(out, torch.Tensor):
+        what = _what(label, fn)
+        raise TypeError(f"{what} must return a tensor, got {type(out).__name__}")
+    if out.is_complex():
+        what = _what(label, fn)
+        raise TypeError(f"{what} returned a complex tensor ({out.dtype}): an energy is real; "
+                        "for complex states z integrate real coordinates, e.g. "
+                        "q = torch.cat([z.real, z.imag], -1)")
+    batch = batch_of.shape[:-1]
+    # Fewer values than rows is fine: leading dims of one system's state (bodies × coordinates)
+    # summed into its energy.  More means values per coordinate, which the gradient of the sum
+    # turns into another system.
+    if out.numel() > batch.numel() and _is_user(fn):
+        what = _what(label, fn)
+        raise ValueError(f"{what} returned shape {tuple(out.shape)} for an input of shape "
+                         f"{tuple(batch_of.shape)}: it must return one value per sample, shape "
+                         f"{tuple(batch)} (or a total over leading dims), not one per coordinate: "
+                         "sum over the last dim, e.g. (p * p).sum(-1) / 2, and take norms with "
+                         "dim=-1 but without keepdim")
+    return out
+
+
+def check_like(out, x: Tensor, label: str, fn=None) -> Tensor:
+    """A user function's output that must have the shape of its input ``x`` (a velocity, a
+    force, a field component): broadcasting would integrate another system silently."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{_what(label, fn)} must return a tensor, got {type(out).__name__}")
+    if out.shape != x.shape:
+        what = _what(label, fn)
+        raise ValueError(f"{what} returned shape {tuple(out.shape)} for an input of shape "
+                         f"{tuple(x.shape)}: it must return the shape of its input")
+    return out
+
+
+def _checked_once(fn: Callable[[Tensor], Tensor], label: str) -> Callable[[Tensor], Tensor]:
+    """``fn`` whose output shape is checked against its input on the first call only: the bound
+    kick/drift loops call the halves of a rollout with one state shape, so one check suffices
+    and later steps pay a flag test."""
+    checked = False
+
+    def call(x):
+        nonlocal checked
+        out = fn(x)
+        if not checked:
+            check_like(out, x, label, fn)
+            checked = True
+        return out
+    return call
+
+
+def grad_of(fn: Callable[..., Tensor], inputs: tuple[Tensor, ...],
+            label: str = "the energy function", user_fn=None) -> tuple[Tensor, ...]:
     """∇ of a per-sample scalar ``fn(*inputs)`` (shape = batch shape) w.r.t. each input.
 
     Samples are independent, so the gradient of the sum is the per-sample gradient.  The graph is
@@ -47,12 +126,20 @@ def grad_of(fn: Callable[..., Tensor], inputs: tuple[Tensor, ...]) -> tuple[Tens
     that requires grad: an input that does, or a parameter / captured tensor that ``fn`` uses
     (:func:`~torchgeo_int._autograd.reaches_other_leaves`).  Otherwise — a fixed H rolled out
     without ``torch.no_grad()`` — no graph is built and the result does not require grad."""
+    if inputs[0].is_complex() or inputs[-1].is_complex():
+        raise TypeError(f"{_what(label, user_fn)} got complex states ({inputs[-1].dtype}): "
+                        "Hamiltonian systems take real coordinates; split a complex z into "
+                        "torch.cat([z.real, z.imag], -1)")
     keep = torch.is_grad_enabled()
     with torch.enable_grad():
         xs = tuple(x if (keep and x.requires_grad) else x.detach().requires_grad_() for x in inputs)
-        out = fn(*xs)
-        if not isinstance(out, torch.Tensor):
-            raise TypeError(f"the energy function must return a tensor, got {type(out).__name__}")
+        out = check_energy(fn(*xs), xs[-1], label, user_fn)  # (q, p) or (g, μ): last is (..., n)
+        if not out.requires_grad:
+            raise RuntimeError(f"{_what(label, user_fn)} returned a tensor that does not depend "
+                               "on its inputs through autograd, so its gradient (the vector field) cannot be "
+                               "taken: it detaches them (.detach(), .item(), .numpy(), "
+                               "torch.no_grad(), a new tensor built from values). Compute it "
+                               "with torch operations on q and p")
         if keep and not any(x.requires_grad for x in inputs):
             keep = reaches_other_leaves(out, xs)
         grads = torch.autograd.grad(out.sum(), xs, create_graph=keep, allow_unused=True)
@@ -113,7 +200,11 @@ class Hamiltonian(System):
         return self.fn(q, p, t) if self.time_dependent else self.fn(q, p)
 
     def energy(self, q, p, t=0.0):
-        return self.hamiltonian(q, p, t) if self.time_dependent else self.hamiltonian(q, p)
+        H = self.hamiltonian(q, p, t) if self.time_dependent else self.hamiltonian(q, p)
+        return check_energy(H, p, "the Hamiltonian", self._user_fn())
+
+    def _user_fn(self):
+        return self.fn if self.fn is not None else type(self)
 
     def forward(self, q, p, t=0.0):
         return self.energy(q, p, t)
@@ -121,8 +212,14 @@ class Hamiltonian(System):
     def gradients(self, q, p, t=0.0) -> tuple[Tensor, Tensor]:
         """(∂H/∂q, ∂H/∂p)."""
         if self._grad is not None:
-            return self._grad(q, p, t) if self.time_dependent else self._grad(q, p)
-        return grad_of(lambda q_, p_: self.energy(q_, p_, t), (q, p))
+            out = self._grad(q, p, t) if self.time_dependent else self._grad(q, p)
+            if not (isinstance(out, (tuple, list)) and len(out) == 2):
+                raise TypeError(f"{_what('the grad', self._grad)} must return a pair "
+                                "(dH/dq, dH/dp)")
+            return (check_like(out[0], q, "dH/dq of the grad", self._grad),
+                    check_like(out[1], p, "dH/dp of the grad", self._grad))
+        return grad_of(lambda q_, p_: self.energy(q_, p_, t), (q, p), "the Hamiltonian",
+                       self._user_fn())
 
     def vector_field(self, q, p, t=0.0):
         Hq, Hp = self.gradients(q, p, t)
@@ -151,10 +248,12 @@ class SeparableHamiltonian(Hamiltonian):
         self.time_dependent = self._T_td or self._V_td
 
     def _T(self, p, t):
-        return self.kinetic(p, t) if self._T_td else self.kinetic(p)
+        T = self.kinetic(p, t) if self._T_td else self.kinetic(p)
+        return check_energy(T, p, "the kinetic energy", self.kinetic)
 
     def _V(self, q, t):
-        return self.potential(q, t) if self._V_td else self.potential(q)
+        V = self.potential(q, t) if self._V_td else self.potential(q)
+        return check_energy(V, q, "the potential", self.potential)
 
     def hamiltonian(self, q, p, t=0.0):
         return self._T(p, t) + self._V(q, t)
@@ -164,14 +263,16 @@ class SeparableHamiltonian(Hamiltonian):
 
     def velocity(self, p, t=0.0):
         if self.kinetic_grad is not None:
-            return self.kinetic_grad(p, t) if self._T_td else self.kinetic_grad(p)
-        return grad_of(lambda p_: self._T(p_, t), (p,))[0]
+            v = self.kinetic_grad(p, t) if self._T_td else self.kinetic_grad(p)
+            return check_like(v, p, "kinetic_grad", self.kinetic_grad)
+        return grad_of(lambda p_: self._T(p_, t), (p,), "the kinetic energy", self.kinetic)[0]
 
     def force_term(self, q, t=0.0):
         """∂V/∂q (override this, not ``force``, to give it another way)."""
         if self.potential_grad is not None:
-            return self.potential_grad(q, t) if self._V_td else self.potential_grad(q)
-        return grad_of(lambda q_: self._V(q_, t), (q,))[0]
+            f = self.potential_grad(q, t) if self._V_td else self.potential_grad(q)
+            return check_like(f, q, "potential_grad", self.potential_grad)
+        return grad_of(lambda q_: self._V(q_, t), (q,), "the potential", self.potential)[0]
 
     def force(self, q, t=0.0):
         return -self.force_term(q, t)
@@ -182,8 +283,10 @@ class SeparableHamiltonian(Hamiltonian):
                 or cls.force_term is not SeparableHamiltonian.force_term):
             return None   # (a subclass that gives the halves another way keeps its methods)
         T, V, dT, dV = self.kinetic, self.potential, self.kinetic_grad, self.potential_grad
-        vel = dT if dT is not None else (lambda p: grad_of(T, (p,))[0])
-        pot = dV if dV is not None else (lambda q: grad_of(V, (q,))[0])
+        vel = (_checked_once(dT, "kinetic_grad") if dT is not None
+               else (lambda p: grad_of(T, (p,), "the kinetic energy", T)[0]))
+        pot = (_checked_once(dV, "potential_grad") if dV is not None
+               else (lambda q: grad_of(V, (q,), "the potential", V)[0]))
         return vel, pot
 
     def gradients(self, q, p, t=0.0):
@@ -207,22 +310,26 @@ class VectorFieldSystem(System):
         self.f = f
         self.separable = bool(separable)
 
-    def vector_field(self, q, p, t=0.0):
+    def _call(self, q, p, t):
         out = self.f(t, q, p)
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
-            raise TypeError("the vector field must return a pair (dq, dp)")
-        return out[0], out[1]
+            raise TypeError(f"{_what('the vector field', self.f)} must return a pair (dq, dp)")
+        return (check_like(out[0], q, "dq of the vector field", self.f),
+                check_like(out[1], p, "dp of the vector field", self.f))
+
+    def vector_field(self, q, p, t=0.0):
+        return self._call(q, p, t)
 
     def velocity(self, p, t=0.0):
         if not self.separable:
             return super().velocity(p, t)
         # dq does not depend on q (the user's promise), so any q will do; zeros are cheap.
-        return self.f(t, torch.zeros_like(p), p)[0]
+        return self._call(torch.zeros_like(p), p, t)[0]
 
     def force(self, q, t=0.0):
         if not self.separable:
             return super().force(q, t)
-        return self.f(t, q, torch.zeros_like(q))[1]
+        return self._call(q, torch.zeros_like(q), t)[1]
 
 
 class ODESystem(System):
@@ -237,4 +344,4 @@ class ODESystem(System):
         self.f = f
 
     def vector_field(self, x, p=None, t=0.0):
-        return self.f(t, x)
+        return check_like(self.f(t, x), x, "the vector field", self.f)

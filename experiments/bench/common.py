@@ -313,12 +313,19 @@ def fmt(x, spec=".3g") -> str:
     return str(x)
 
 
+def md_cell(text) -> str:
+    """A markdown table cell: ``|`` escaped (``max |ΔH/H₀|`` would otherwise split the cell and
+    the table would not render), newlines flattened."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
 def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
-    """``columns``: (key, header); values formatted with :func:`fmt`."""
-    lines = ["| " + " | ".join(h for _, h in columns) + " |",
+    """``columns``: (key, header); values formatted with :func:`fmt`; cells escaped by
+    :func:`md_cell`, so every row has the header's number of cells."""
+    lines = ["| " + " | ".join(md_cell(h) for _, h in columns) + " |",
              "|" + "|".join("---" for _ in columns) + "|"]
     for r in rows:
-        lines.append("| " + " | ".join(fmt(r.get(k)) for k, _ in columns) + " |")
+        lines.append("| " + " | ".join(md_cell(fmt(r.get(k))) for k, _ in columns) + " |")
     return "\n".join(lines)
 
 

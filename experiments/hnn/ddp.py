@@ -78,7 +78,8 @@ def main(argv=None):
     t0 = time.perf_counter()
     try:
         hist = fit(module, loss, distributed_loader(data, batch, seed=a.seed), progress=info.is_main,
-                   desc=f"{a.task} {arm.key} ×{W}", checkpoint=RESULTS / f"{name}.pt", **opts)
+                   desc=f"{a.task}, {arm.label}, {W} processes",
+                   checkpoint=RESULTS / f"{name}.pt", **opts)
         hist = reduce_history(hist)
     finally:
         module = loss = None   # DDP gone before its process group (see distributed.cleanup)
@@ -96,7 +97,7 @@ def main(argv=None):
         ref_data = tuple(t.to(info.device) for t in data)
         t1 = time.perf_counter()
         ref_hist = fit(ref, loss_fn, ref_data, batch_size=batch, progress=True,
-                       desc=f"{a.task} {arm.key} ×1", **opts)
+                       desc=f"{a.task}, {arm.label}, 1 process", **opts)
         out["single_process_seconds"] = time.perf_counter() - t1
         sd, rsd = model.state_dict(), ref.state_dict()
         out["max_param_diff"] = max(float((sd[k] - rsd[k]).abs().max()) for k in sd)

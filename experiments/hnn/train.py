@@ -114,7 +114,7 @@ def train(arm: Arm, task: Task, *, seed: int, steps: int, batch_size: int | None
     loss_fn, data = loss_and_data(arm, task.to(dtype), substeps=substeps)
     hist = fit(model, loss_fn, data, steps=steps, batch_size=batch_size, lr=lr,
                weight_decay=weight_decay, seed=seed, progress=progress,
-               desc=f"{task.name} {arm.key} seed {seed}", max_time=max_time)
+               desc=f"{task.name}, {arm.label}, seed {seed}", max_time=max_time)
     return model, hist
 
 

@@ -26,6 +26,20 @@ class CoefficientTable:
 
     def __post_init__(self):
         g = self.gammas
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"a CoefficientTable's name must be a non-empty str, got {self.name!r}")
+        # a symmetric method has even order (HLW Thm II.3.2); order 2 is the base method's own
+        if isinstance(self.order, bool) or not isinstance(self.order, int) or self.order < 2 \
+                or self.order % 2:
+            raise ValueError(f"{self.name}: order must be an even int >= 2 (a palindromic "
+                             f"composition is symmetric), got {self.order!r}")
+        if (not isinstance(g, tuple) or not g
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in g)):
+            raise TypeError(f"{self.name}: gammas must be a non-empty tuple of real numbers, "
+                            f"got {g!r}")
+        if not all(math.isfinite(x) for x in g):
+            # NaN passes every comparison below (NaN > tol is False): reject it first
+            raise ValueError(f"{self.name}: coefficients must be finite, got {g!r}")
         if abs(math.fsum(g) - 1.0) > 1e-14:
             raise ValueError(f"{self.name}: coefficients sum to {math.fsum(g)!r}, not 1")
         if any(abs(a - b) > 0.0 for a, b in zip(g, reversed(g))):

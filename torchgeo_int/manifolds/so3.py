@@ -29,7 +29,7 @@ Tensor = torch.Tensor
 
 __all__ = ["hat", "vee", "skew_vee", "exp", "exp_minus_identity", "log", "cay",
            "cay_minus_identity", "cay_inv", "rotate_exp", "rotate_cay", "dexp_right",
-           "dexp_right_inv", "dcay_right", "dcay_right_inv", "orthogonality_error",
+           "dexp_right_inv", "dcay_right", "dcay_right_inv", "orthogonality_error", "check_rotation",
            "random_rotation"]
 
 # Below this θ² the coefficient functions use their Taylor series: the direct formulas lose
@@ -251,6 +251,29 @@ def orthogonality_error(g: Tensor) -> tuple[Tensor, Tensor]:
     _check_mat(g)
     e = (g.mT @ g - _eye(g)).abs().amax((-2, -1))
     return e, (torch.linalg.det(g) - 1.0).abs()
+
+
+def check_rotation(g: Tensor, name: str = "g0") -> None:
+    """Refuse a ``g`` (..., 3, 3) that is not a rotation, before any step: max |gᵀg − I| and
+    |det g − 1| must be at most √eps of g's dtype (1.5e-8 in float64, 3.5e-4 in float32), the
+    tolerance RATTLE uses for T*Sⁿ.  A non-orthogonal g0 drifts (the Lie steps keep gᵀg
+    constant, not = I) and det g = −1 is a reflection, not a point of SO(3).  One host sync."""
+    _check_mat(g, name)
+    if g.numel() == 0:
+        return
+    with torch.no_grad():
+        orth, _ = orthogonality_error(g)
+        det = torch.linalg.det(g)
+        e, worst_det = float(orth.max()), float(det[(det - 1.0).abs().argmax()] if det.dim()
+                                                   else det)
+    tol = torch.finfo(g.dtype).eps ** 0.5
+    if e > tol:
+        raise ValueError(f"{name} is not a rotation matrix: max |gᵀg − I| = {e:.2e} > {tol:.1e} "
+                         f"(√eps of {g.dtype}); orthonormalise it, e.g. "
+                         "torch.linalg.svd: g = U @ Vh (with det +1)")
+    if abs(worst_det - 1.0) > tol:
+        raise ValueError(f"{name} has det {worst_det:.6g}: a reflection, not a rotation (SO(3) "
+                         "needs det = +1); flip the sign of one column")
 
 
 def random_rotation(*batch, dtype=None, device=None, generator=None) -> Tensor:

@@ -24,7 +24,7 @@ from ..solvers import SolveOptions
 
 Tensor = torch.Tensor
 
-__all__ = ["project", "project_state", "exp", "log", "retract", "retract_inv", "SphereMap",
+__all__ = ["check_on_sphere", "project", "project_state", "exp", "log", "retract", "retract_inv", "SphereMap",
            "SphereODEIntegrator"]
 
 
@@ -35,6 +35,23 @@ def _dot(a, b):
 def _sinc(t):
     """sin t / t, smooth at 0."""
     return torch.sinc(t / torch.pi)
+
+
+def check_on_sphere(x: Tensor, name: str = "x0", radius: float = 1.0) -> None:
+    """Refuse a state off the sphere of radius ``radius``, before any step: max ||x| − r| must be
+    at most √eps·r for x's dtype (RATTLE's tolerance).  The retractions renormalise every step,
+    so an x0 off the sphere would be moved onto it silently, a different initial value."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < 1:
+        raise TypeError(f"{name} must be a floating-point tensor (..., n+1)")
+    if x.numel() == 0:
+        return
+    with torch.no_grad():
+        err = float((x.norm(dim=-1) - radius).abs().max())
+    tol = torch.finfo(x.dtype).eps ** 0.5 * radius
+    if not err <= tol:
+        raise ValueError(f"{name} is not on the sphere |x| = {radius:g}: max ||x| − {radius:g}| = "
+                         f"{err:.2e} > {tol:.1e} (√eps of {x.dtype}); normalise it, "
+                         "x0 / x0.norm(dim=-1, keepdim=True)")
 
 
 def project(x: Tensor, v: Tensor) -> Tensor:
@@ -166,6 +183,23 @@ class SphereODEIntegrator(ImplicitIntegrator):
 
     def key(self) -> tuple:
         return ("sphere_ode", self.R.key())
+
+    def check_state(self, system, x, p=None):
+        """Validate a rollout's initial state: x on the unit sphere (:func:`check_on_sphere`)."""
+        check_on_sphere(x, "x0")
+
+    def bind(self, system):
+        """:meth:`step`, checking the first state it is given (the rollout's x0) with
+        :meth:`check_state` once: one host sync per rollout, none per step."""
+        checked = False
+
+        def step(system, x, p=None, t=0.0, h=0.01, cache=None):
+            nonlocal checked
+            if not checked:
+                self.check_state(system, x, p)
+                checked = True
+            return self.step(system, x, p, t, h, cache)
+        return step
 
     def step(self, system, x, p=None, t=0.0, h=0.01, cache=None):
         if p is not None:

@@ -25,6 +25,8 @@ from torch import nn
 
 from ..systems import SeparableHamiltonian, System, takes_time, grad_of
 from .lie import LieGroup, get_group
+from .so3 import check_rotation
+from .sphere import check_on_sphere
 
 Tensor = torch.Tensor
 
@@ -313,7 +315,9 @@ class SphericalPendulum(SeparableHamiltonian):
         return HeavyTop(torch.full((3,), self.M), mass=1.0, gravity=self.c, com=(0.0, 0.0, 1.0))
 
     def to_top_state(self, q, p):
-        """(g, μ) with g e₃ = q and μ = gᵀ(q × p) (so μ₃ = 0), for unit q and p ⊥ q."""
+        """(g, μ) with g e₃ = q and μ = gᵀ(q × p) (so μ₃ = 0), for unit q and p ⊥ q (a q off
+        the sphere is refused: g would not be a rotation)."""
+        check_on_sphere(q, "q")
         e = torch.zeros_like(q)
         # a first axis ⊥ q from the coordinate axis least aligned with q
         idx = q.abs().argmin(-1, keepdim=True)
@@ -326,6 +330,7 @@ class SphericalPendulum(SeparableHamiltonian):
         return g, mu
 
     def from_top_state(self, g, mu):
-        """(q, p) = (g e₃, (g μ) × q)."""
+        """(q, p) = (g e₃, (g μ) × q), for g a rotation (:func:`~.so3.check_rotation`)."""
+        check_rotation(g, "g")
         q = g[..., :, 2]
         return q, torch.linalg.cross((g @ mu.unsqueeze(-1)).squeeze(-1), q, dim=-1)

@@ -2,7 +2,11 @@ r"""Losses that fit a learned Hamiltonian H_θ to observed trajectories.
 
 Data convention: observed states at uniform spacing ``dt`` are tensors ``q, p`` of shape
 ``(N, L, n)`` — N trajectories (or windows), L states each, n coordinates; sample dims lead,
-time is dim 1 (:func:`make_windows` cuts long trajectories into such windows).
+time is dim 1 (:func:`make_windows` cuts long trajectories into such windows).  This is the
+transpose of what :func:`torchgeo_int.rollout` returns, ``(T, B, n)`` with time first: every
+function here that takes trajectories has ``layout=`` (``"windows"``, ``"time_first"``, or
+``None``: sample-first, checked by :func:`check_layout`, which refuses data that look
+time-first instead of training on the wrong axis).
 
 * :func:`rollout_loss`     multi-step rollout loss (SRNN-style, Chen et al. ICLR 2020): from
   the first state of each window, k steps of any integrator against the k observed states.
@@ -66,16 +70,58 @@ def check_data(*tensors: Tensor, names: tuple[str, ...], ndim: int | None = None
             raise ValueError(f"{name} contains NaN or inf")
 
 
+LAYOUTS = ("windows", "time_first")
+
+
+def check_layout(q, p, layout, who: str):
+    """``(q, p)`` in the sample-first layout ``(N, L, n)`` the losses take.
+
+    ``layout="windows"``: they are already (N samples, L states in time, n); ``"time_first"``:
+    they are ``(T, B, n)`` as :func:`torchgeo_int.rollout` returns them, and are transposed to
+    (B, T, n).  ``None`` (the default): taken as windows, after one check (one host sync) that
+    they do not look time-first — states that change much less between neighbours along dim 0
+    (mean |Δ| < ¼ of that along dim 1) are the rows of a trajectory, and the call is refused
+    naming both layouts: a rollout's output fed to a loss would otherwise train on the wrong
+    axis and converge to garbage.  Sample-first data whose samples are closer to each other
+    than consecutive states (an ensemble of nearby initial values) pass ``layout="windows"``."""
+    if layout not in (None, *LAYOUTS):
+        raise ValueError(f"layout must be one of {LAYOUTS} or None, got {layout!r}")
+    if not all(isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() == 3
+               for x in (q, p)):
+        return q, p            # check_data reports what is wrong with them
+    if layout == "time_first":
+        return q.transpose(0, 1), p.transpose(0, 1)
+    if layout is None and q.shape[0] >= 2 and q.shape[1] >= 2 and q.shape == p.shape:
+        with torch.no_grad():
+            x = torch.cat([q, p], -1)
+            d0 = (x[1:] - x[:-1]).abs().mean()
+            d1 = (x[:, 1:] - x[:, :-1]).abs().mean()
+            looks_time_first = bool(d0 < 0.25 * d1)
+        if looks_time_first:
+            N, L, n = q.shape
+            raise ValueError(
+                f"{who} takes q, p sample-first, (N, L, n): N windows or trajectories, L states "
+                f"along dim 1 (what tgi.nn.make_windows returns). These, of shape {(N, L, n)}, "
+                f"look time-first, (T, B, n) as tgi.rollout returns them: neighbours along dim 0 "
+                f"differ by {float(d0):.2e} on average, along dim 1 by {float(d1):.2e}. Pass "
+                "layout='time_first' to use them as B trajectories of T states, transpose them "
+                "(q.transpose(0, 1)), or pass layout='windows' if they are sample-first.")
+    return q, p
+
+
 def _autonomous(model) -> None:
     if getattr(model, "time_dependent", False):
         raise NotImplementedError("the trajectory losses take windows without their start times, "
                                   "so they need an autonomous H(q, p)")
 
 
-def make_windows(q: Tensor, p: Tensor, k: int, *, stride: int = 1) -> tuple[Tensor, Tensor]:
+def make_windows(q: Tensor, p: Tensor, k: int, *, stride: int = 1, layout: str | None = None
+                 ) -> tuple[Tensor, Tensor]:
     """All windows of k+1 consecutive states of trajectories ``q, p`` of shape ``(B, T, n)``:
     returns ``(q_w, p_w)`` of shape ``(B * W, k + 1, n)`` with W = (T − k − 1)//stride + 1,
-    trajectory-major (window j of trajectory b is row b·W + j)."""
+    trajectory-major (window j of trajectory b is row b·W + j).  ``layout="time_first"`` takes
+    ``(T, B, n)``, what :func:`torchgeo_int.rollout` returns (see :func:`check_layout`)."""
+    q, p = check_layout(q, p, layout, "make_windows")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an int >= 1, got {k!r}")
     if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
@@ -90,16 +136,18 @@ def make_windows(q: Tensor, p: Tensor, k: int, *, stride: int = 1) -> tuple[Tens
 
 
 def rollout_loss(model, q: Tensor, p: Tensor, *, dt: float, method="verlet", substeps: int = 1,
-                 **rollout_options) -> Tensor:
+                 layout: str | None = None, **rollout_options) -> Tensor:
     r"""Mean squared error of a k-step rollout from the first state of each window:
 
         (1 / (2 k n N)) Σ_windows Σ_{j=1..k} |Φ_h^{substeps}{}^{∘ j}(x₀) − x_j|²,   h = dt / substeps,
 
-    over windows ``q, p`` of shape ``(N, k + 1, n)`` (k ≥ 1).  ``method`` is any integrator;
+    over windows ``q, p`` of shape ``(N, k + 1, n)`` (k ≥ 1; ``layout``: :func:`check_layout`,
+    ``"time_first"`` takes a rollout's ``(k + 1, N, n)``).  ``method`` is any integrator;
     gradients go through every step (implicit ones by the solver's implicit backward).
     ``rollout_options`` go to :func:`torchgeo_int.rollout`: ``grad="checkpoint"`` or
     ``"reversible"`` (:mod:`torchgeo_int.gradients`) keeps long windows' memory small.
     """
+    q, p = check_layout(q, p, layout, "rollout_loss")
     system = as_system(model)
     _autonomous(system)
     dt = _check_number(dt, "dt")
@@ -116,7 +164,7 @@ def rollout_loss(model, q: Tensor, p: Tensor, *, dt: float, method="verlet", sub
 
 
 def residual_loss(model, q: Tensor, p: Tensor, *, dt: float, R: DiscretizationMap | None = None,
-                  per_time: bool = True) -> Tensor:
+                  per_time: bool = True, layout: str | None = None) -> Tensor:
     r"""The eq. (20) residual of every observed pair (x_j, x_{j+1}) of windows ``(N, L, n)``:
 
         (base, tangent) = (R_d^{T*})⁻¹(x_j, x_{j+1}),        r_j = tangent − h X_{H_θ}(base),
@@ -127,8 +175,9 @@ def residual_loss(model, q: Tensor, p: Tensor, *, dt: float, R: DiscretizationMa
     the differences, i.e. the implicit-midpoint residual); it is used through its cotangent lift,
     so the data's pairs are mapped by eq. (7) and X_H is evaluated once per pair: no implicit
     solve at training time.  A zero loss means the data are exact steps of the integrator
-    ``CotangentLiftIntegrator(R)`` for H_θ.
+    ``CotangentLiftIntegrator(R)`` for H_θ.  ``layout``: :func:`check_layout`.
     """
+    q, p = check_layout(q, p, layout, "residual_loss")
     system = as_system(model)
     _autonomous(system)
     dt = _check_number(dt, "dt")
@@ -156,16 +205,21 @@ def derivative_loss(model, q: Tensor, p: Tensor, dq: Tensor, dp: Tensor) -> Tens
     return 0.5 * ((eq * eq).mean() + (ep * ep).mean())
 
 
-def finite_differences(q: Tensor, p: Tensor, dt: float) -> tuple[Tensor, Tensor]:
+def finite_differences(q: Tensor, p: Tensor, dt: float, *, layout: str | None = None
+                       ) -> tuple[Tensor, Tensor]:
     """Time derivatives of trajectories ``(B, T, n)`` by second-order finite differences
     (central inside, one-sided second order at both ends; T ≥ 3): the derivative targets of
-    :func:`derivative_loss` when only states are observed."""
+    :func:`derivative_loss` when only states are observed.  ``layout``: :func:`check_layout`
+    (the result has the layout of the input)."""
+    q, p = check_layout(q, p, layout, "finite_differences")
     dt = _check_number(dt, "dt")
     check_data(q, p, names=("q", "p"), ndim=3, min_len=3)
     dq = torch.gradient(q, spacing=dt, dim=1, edge_order=2)[0]
     dp = torch.gradient(p, spacing=dt, dim=1, edge_order=2)[0]
+    if layout == "time_first":
+        return dq.transpose(0, 1), dp.transpose(0, 1)
     return dq, dp
 
 
 __all__ = ["rollout_loss", "residual_loss", "derivative_loss", "finite_differences",
-           "make_windows", "check_data"]
+           "make_windows", "check_data", "check_layout"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..rollout import as_system, rollout
-from .losses import check_data
+from .losses import check_data, check_layout
 
 Tensor = torch.Tensor
 _REDUCTIONS = ("mean", "max", "none")
@@ -59,10 +59,12 @@ def state_mse(q_pred: Tensor, p_pred: Tensor, q_true: Tensor, p_true: Tensor) ->
 
 
 def rollout_mse(model, q_true: Tensor, p_true: Tensor, *, dt: float, method="verlet",
-                substeps: int = 1) -> Tensor:
+                substeps: int = 1, layout: str | None = None) -> Tensor:
     """:func:`state_mse` of the model's rollout from the first state of each true trajectory
     ``(B, T, n)`` (spacing ``dt``, ``substeps`` integrator steps per interval) over the T − 1
-    intervals: the rollout MSE over the horizon (T − 1)·dt."""
+    intervals: the rollout MSE over the horizon (T − 1)·dt.  ``layout``:
+    :func:`~torchgeo_int.nn.losses.check_layout` (``"time_first"`` for a rollout's (T, B, n))."""
+    q_true, p_true = check_layout(q_true, p_true, layout, "rollout_mse")
     check_data(q_true, p_true, names=("q_true", "p_true"), ndim=3, min_len=2)
     if isinstance(substeps, bool) or not isinstance(substeps, int) or substeps < 1:
         raise ValueError(f"substeps must be an int >= 1, got {substeps!r}")

@@ -5,7 +5,9 @@ r"""Small training utilities (functions, not a framework).
 * :class:`TensorBatches`   the default data source: minibatches of tensors with a deterministic
   shuffle per epoch (permutation = f(seed, epoch)), so a resumed run sees the same batches
 * :func:`save_checkpoint` / :func:`load_checkpoint`  model + optimizer + RNG + step + history,
-  plain tensors and Python scalars only, loadable with ``torch.load(weights_only=True)``
+  plain tensors and Python scalars only, loadable with ``torch.load(weights_only=True)``, with a
+  SHA-256 of every tensor (and of the rest) verified on load: a damaged file is refused, never
+  resumed from
 * :func:`fit`              the loop: ``loss_fn(model, *batch)``, step, log, checkpoint, resume
 
 ``fit`` builds nothing it is given: pass your own optimizer and data source (e.g. a
@@ -16,6 +18,7 @@ not implemented here.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import random
@@ -27,7 +30,9 @@ import torch
 from torch import nn
 
 Tensor = torch.Tensor
-CHECKPOINT_FORMAT = "torchgeo_int.nn.checkpoint/1"
+CHECKPOINT_FORMAT = "torchgeo_int.nn.checkpoint/2"
+#: earlier formats without checksums: still loaded, unverified
+_UNVERIFIED_FORMATS = ("torchgeo_int.nn.checkpoint/1",)
 
 
 def seed_everything(seed: int) -> None:
@@ -174,12 +179,56 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _skeleton(obj, at=""):
+    """``obj`` with every tensor replaced by its path, and the (path, tensor) pairs, in an order
+    fixed by the keys (sorted as str: optimizer states are keyed by int)."""
+    if isinstance(obj, Tensor):
+        return f"<tensor {at}>", [(at, obj)]
+    if isinstance(obj, dict):
+        items, found = [], []
+        for k in sorted(obj, key=str):
+            sk, f = _skeleton(obj[k], f"{at}/{k}")
+            items.append((repr(k), sk))
+            found += f
+        return items, found
+    if isinstance(obj, (list, tuple)):
+        items, found = [], []
+        for i, v in enumerate(obj):
+            sk, f = _skeleton(v, f"{at}/{i}")
+            items.append(sk)
+            found += f
+        return (type(obj).__name__, items), found
+    return repr(obj), []
+
+
+def _checksums(blob: dict) -> dict:
+    """SHA-256 of each tensor (dtype, shape and bytes) by its path in ``blob``, and of everything
+    else (keys, step, history, scalars) under ``""``."""
+    skeleton, tensors = _skeleton(blob)
+    out = {"": hashlib.sha256(repr(skeleton).encode()).hexdigest()}
+    for at, t in tensors:
+        t = t.detach().to("cpu").contiguous()
+        h = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        out[at] = h.hexdigest()
+    return out
+
+
+class CheckpointError(ValueError):
+    """A file that :func:`load_checkpoint` refuses: not a checkpoint, damaged, or incomplete."""
+
+
+def _invalid(path, why) -> CheckpointError:
+    return CheckpointError(f"{path} is not a valid torchgeo_int checkpoint ({why})")
+
+
 def save_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | None, *, step: int,
                     history: dict | None = None, extra: dict | None = None) -> Path:
     """Write model, optimizer, torch RNG states, step and history to ``path`` (atomically: a
     temporary file renamed over the old one, so an interrupted save leaves the last good one).
     Every entry is a tensor, a Python scalar/str or a container of those, so the file loads with
-    ``torch.load(path, weights_only=True)``."""
+    ``torch.load(path, weights_only=True)``; ``"checksums"`` holds the SHA-256 of every tensor
+    and of the rest, which :func:`load_checkpoint` verifies."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     blob = {
@@ -191,6 +240,7 @@ def save_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
         "history": {k: [float(v) for v in vals] for k, vals in (history or {}).items()},
         "extra": extra or {},
     }
+    blob["checksums"] = _checksums(blob)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     torch.save(blob, tmp)
     os.replace(tmp, path)
@@ -201,20 +251,46 @@ def load_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
                     map_location="cpu", restore_rng: bool = True) -> dict:
     """Load a :func:`save_checkpoint` file into ``model`` (and ``optimizer``) with
     ``weights_only=True``; restores the torch RNG states unless ``restore_rng=False``.
-    Returns ``{"step", "history", "extra"}``."""
+    Returns ``{"step", "history", "extra"}``.
+
+    A file that is empty, truncated, not a checkpoint, or whose tensors or metadata do not match
+    the checksums written with them (a flipped bit) raises :class:`CheckpointError` (a
+    ``ValueError``) "<path> is not a valid torchgeo_int checkpoint (<why>)" before anything is
+    loaded into the model."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
-    blob = torch.load(path, map_location=map_location, weights_only=True)
-    if not isinstance(blob, dict) or blob.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path} is not a torchgeo_int.nn checkpoint")
+    try:
+        blob = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:   # empty/truncated/garbage files fail in many ways inside torch.load
+        why = str(err).strip().splitlines()[0][:200] if str(err).strip() else "no message"
+        raise _invalid(path, f"torch.load failed: {type(err).__name__}: {why}") from err
+    if not isinstance(blob, dict) or blob.get("format") not in (CHECKPOINT_FORMAT,
+                                                                *_UNVERIFIED_FORMATS):
+        found = blob.get("format") if isinstance(blob, dict) else type(blob).__name__
+        raise _invalid(path, f"format {found!r}, expected {CHECKPOINT_FORMAT!r}")
+    missing = [k for k in ("step", "model", "optimizer", "rng", "history", "extra") if k not in blob]
+    if missing:
+        raise _invalid(path, f"missing entries {missing}")
+    if blob["format"] == CHECKPOINT_FORMAT:
+        stored = blob.pop("checksums", None)
+        if not isinstance(stored, dict):
+            raise _invalid(path, "no checksums")
+        now = _checksums(blob)
+        bad = sorted(k for k in set(stored) | set(now) if stored.get(k) != now.get(k))
+        if bad:
+            where = ", ".join(k or "metadata" for k in bad[:3]) + (" …" if len(bad) > 3 else "")
+            raise _invalid(path, f"checksum mismatch in {where}: the file is damaged")
     _unwrap(model).load_state_dict(blob["model"])
     if optimizer is not None:
         if blob["optimizer"] is None:
             raise ValueError(f"{path} holds no optimizer state")
         optimizer.load_state_dict(blob["optimizer"])
     if restore_rng:
-        _set_rng_state(blob["rng"])
+        try:
+            _set_rng_state(blob["rng"])
+        except (RuntimeError, TypeError, KeyError, ValueError) as err:
+            raise _invalid(path, f"its RNG state is damaged: {err}") from err
     return {"step": blob["step"], "history": blob["history"], "extra": blob["extra"]}
 
 
@@ -225,16 +301,25 @@ def _progress_bar(total, initial, desc, enabled):
         from tqdm.auto import tqdm
     except ImportError:  # tqdm is an optional dependency: train without a bar
         return None
-    return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, leave=False)
+    return tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True,
+                leave=False)
+
+
+#: ``threads="auto"``: batches of at most this many numbers train with one intra-op thread
+SMALL_BATCH = 1 << 16
+
+
+def _batch_numel(batch) -> int:
+    return sum(x.numel() for x in batch if isinstance(x, Tensor))
 
 
 def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | None = None,
         epochs: int | None = None, lr: float = 1e-3, weight_decay: float = 0.0,
         optimizer: torch.optim.Optimizer | None = None, batch_size: int | None = None,
         shuffle: bool = True, seed: int = 0, grad_clip: float | None = None,
-        progress: bool = True, desc: str = "fit", log_every: int = 10,
+        progress: bool = True, desc: str = "training", log_every: int = 10,
         checkpoint=None, checkpoint_every: int | None = None, resume=False,
-        max_time: float | None = None) -> dict:
+        max_time: float | None = None, threads="auto") -> dict:
     r"""Minimise ``loss_fn(model, *batch)`` by gradient steps; returns
     ``{"loss": [per-step losses], "step": steps done in total, "seconds": wall time of this call,
     "stopped": "steps" | "time"}``.
@@ -251,7 +336,14 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
     optimizer, RNG, step and loss history: k steps, save, load, N − k steps gives bit-for-bit the
     parameters of N uninterrupted steps (same data, deterministic kernels).
     The loss is synced to the host every ``log_every`` steps only; a non-finite loss raises
-    ``FloatingPointError`` naming the steps.
+    ``FloatingPointError`` naming the steps.  ``progress``: a tqdm bar labelled ``desc`` (steps,
+    and the last logged loss).
+
+    ``threads``: torch's intra-op CPU threads during the call, restored on return.  ``"auto"``
+    (the default) uses one thread when the first batch holds at most ``SMALL_BATCH`` (65536)
+    numbers — HNN-sized batches gain nothing from OpenMP threads, and on a machine shared with
+    other jobs their spin-waits made training through rollouts 16× slower — and leaves torch's
+    setting otherwise; an int sets it; ``None`` leaves it alone.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -268,6 +360,9 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
         raise ValueError("checkpoint_every needs checkpoint=<path>")
     if max_time is not None and not (max_time > 0):
         raise ValueError(f"max_time must be positive seconds, got {max_time!r}")
+    if not (threads is None or threads == "auto"
+            or (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1)):
+        raise ValueError(f"threads must be 'auto', None or an int >= 1, got {threads!r}")
 
     batches = _as_batches(data, batch_size, shuffle, seed)
     per_epoch = len(batches)
@@ -316,13 +411,22 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
     t0 = time.perf_counter()
     step, stopped = start, "steps"
     model.train()
+    threads_before = torch.get_num_threads()
     try:
         epoch, pos = divmod(step, per_epoch)
         while step < total and stopped == "steps":
             for batch in batches.epoch(epoch, pos):
+                if threads is not None and step == start:
+                    small = threads == "auto" and _batch_numel(batch) <= SMALL_BATCH
+                    if small or isinstance(threads, int):
+                        torch.set_num_threads(1 if small else threads)
                 loss = loss_fn(model, *batch)
                 if not isinstance(loss, Tensor) or loss.dim() != 0:
-                    raise TypeError("loss_fn must return a scalar tensor")
+                    got = (f"shape {tuple(loss.shape)}" if isinstance(loss, Tensor)
+                           else type(loss).__name__)
+                    raise TypeError(f"loss_fn(model, *batch) must return a scalar tensor, got "
+                                    f"{got} (batch: {len(batch)} tensors of shapes "
+                                    f"{[tuple(x.shape) for x in batch]})")
                 opt.zero_grad(set_to_none=True)
                 try:
                     loss.backward()
@@ -349,10 +453,11 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
         flush(step)
         save(step)
     finally:
+        torch.set_num_threads(threads_before)
         if bar is not None:
             bar.close()
     return {"loss": losses, "step": step, "seconds": time.perf_counter() - t0, "stopped": stopped}
 
 
 __all__ = ["fit", "seed_everything", "make_optimizer", "TensorBatches", "save_checkpoint",
-           "load_checkpoint", "is_main_process"]
+           "load_checkpoint", "CheckpointError", "is_main_process"]

@@ -1,0 +1,264 @@
+"""Hostile input (issue 21, non-core items): each case gave garbage or a cryptic error before.
+
+User functions of the wrong output shape, complex states, detaching Hamiltonians, invalid
+composition tables, states off their manifold, damaged checkpoint files, a map's inverse that
+does not converge.  Every test asserts the error *and* that its message names the cause.
+"""
+import math
+
+import pytest
+import torch
+
+import torchgeo_int as tgi
+from torchgeo_int.integrators.composition import CoefficientTable
+from torchgeo_int.manifolds import so3, sphere
+from torchgeo_int.maps import DiscretizationMap
+from torchgeo_int.nn.training import CheckpointError, load_checkpoint, save_checkpoint
+from torchgeo_int.solvers import ConvergenceError
+
+Q0, P0 = torch.tensor([[1.0, 0.0], [0.9, 0.1]]), torch.tensor([[0.0, 1.0], [0.1, 1.1]])
+
+
+def _kepler_H(q, p):
+    return 0.5 * (p * p).sum(-1) - 1.0 / q.norm(dim=-1)
+
+
+# -- (1) output shapes of user functions -------------------------------------------------------
+
+def test_per_coordinate_hamiltonian_is_refused_naming_both_shapes():
+    bad = tgi.Hamiltonian(lambda q, p: 0.5 * p * p - 1 / q.norm(dim=-1, keepdim=True))
+    with pytest.raises(ValueError, match=r"Hamiltonian.*returned shape \(2, 2\).*input of shape "
+                                         r"\(2, 2\).*shape \(2,\)"):
+        tgi.rollout(bad, Q0, P0, h=0.1, steps=3, method="implicit_midpoint")
+    with pytest.raises(ValueError, match=r"returned shape \(2,\).*shape \(\)"):
+        bad.energy(Q0[0], P0[0])        # the issue's (2,) energy for one sample of shape (2,)
+    # fewer values than rows is one system's total (an N-body state (bodies, 3)): accepted
+    total = tgi.Hamiltonian(lambda q, p: 0.5 * (p * p).sum() - (1 / q.norm(dim=-1)).sum())
+    q, _ = tgi.rollout(total, Q0, P0, h=0.1, steps=2, method="implicit_midpoint")
+    ref, _ = tgi.rollout(tgi.Hamiltonian(_kepler_H), Q0, P0, h=0.1, steps=2, method="implicit_midpoint")
+    assert torch.allclose(q, ref, atol=1e-12)
+    # the correct one still runs, and a named function is named
+    q, _ = tgi.rollout(tgi.Hamiltonian(_kepler_H), Q0, P0, h=0.1, steps=3, method="implicit_midpoint")
+    assert q.shape == (4, 2, 2)
+
+    def per_coordinate(q, p):
+        return 0.5 * p * p
+
+    with pytest.raises(ValueError, match="'.*per_coordinate'"):
+        tgi.rollout(tgi.Hamiltonian(per_coordinate), Q0, P0, h=0.1, steps=1,
+                    method="implicit_midpoint")
+
+
+def test_separable_parts_and_closed_form_gradients_of_the_wrong_shape():
+    T = lambda p: 0.5 * (p * p).sum(-1)  # noqa: E731
+    V = lambda q: -1.0 / q.norm(dim=-1)  # noqa: E731
+    # kinetic_grad wrong: the bound (halves) loop and the method path
+    bad_dT = tgi.SeparableHamiltonian(T, V, kinetic_grad=lambda p: p.sum(-1, keepdim=True))
+    with pytest.raises(ValueError, match=r"kinetic_grad.*returned shape \(2, 1\).*\(2, 2\)"):
+        tgi.rollout(bad_dT, Q0, P0, h=0.1, steps=2)
+    with pytest.raises(ValueError, match="kinetic_grad"):
+        bad_dT.velocity(P0)
+    bad_dV = tgi.SeparableHamiltonian(T, V, potential_grad=lambda q: q.norm(dim=-1))
+    with pytest.raises(ValueError, match=r"potential_grad.*returned shape \(2,\)"):
+        tgi.rollout(bad_dV, Q0, P0, h=0.1, steps=2, method="yoshida4")
+    # T or V per coordinate (autograd path)
+    with pytest.raises(ValueError, match="the potential"):
+        tgi.rollout(tgi.SeparableHamiltonian(T, lambda q: -1.0 / q.abs()), Q0, P0, h=0.1, steps=2)
+    with pytest.raises(ValueError, match="the kinetic energy"):
+        tgi.SeparableHamiltonian(lambda p: 0.5 * p * p, V).energy(Q0, P0)
+    # a closed-form grad= of a Hamiltonian
+    bad_grad = tgi.Hamiltonian(_kepler_H, grad=lambda q, p: (q[..., :1], p))
+    with pytest.raises(ValueError, match=r"dH/dq of the grad.*returned shape \(2, 1\)"):
+        tgi.rollout(bad_grad, Q0, P0, h=0.1, steps=2, method="implicit_midpoint")
+    # right shapes: the bound loop equals the method path (the check changes no number)
+    good = tgi.SeparableHamiltonian(T, V, kinetic_grad=lambda p: p,
+                                    potential_grad=lambda q: q / q.norm(dim=-1, keepdim=True) ** 3)
+    a = tgi.rollout(good, Q0, P0, h=0.1, steps=5)
+    b = tgi.rollout(tgi.SeparableHamiltonian(T, V), Q0, P0, h=0.1, steps=5)
+    assert torch.allclose(a[0], b[0], atol=1e-13) and torch.allclose(a[1], b[1], atol=1e-13)
+
+
+def test_vector_field_system_and_ode_system_of_the_wrong_shape():
+    vf = tgi.VectorFieldSystem(lambda t, q, p: (p.sum(-1, keepdim=True), -q))
+    with pytest.raises(ValueError, match=r"dq of the vector field.*returned shape \(2, 1\).*\(2, 2\)"):
+        tgi.rollout(vf, Q0, P0, h=0.1, steps=2, method="implicit_midpoint")
+    sep = tgi.VectorFieldSystem(lambda t, q, p: (p, -q.sum(-1)), separable=True)
+    with pytest.raises(ValueError, match=r"dp of the vector field.*returned shape \(2,\)"):
+        tgi.rollout(sep, Q0, P0, h=0.1, steps=2)
+    ode = tgi.ODESystem(lambda t, x: x.sum(-1, keepdim=True))
+    with pytest.raises(ValueError, match=r"vector field.*returned shape \(2, 1\)"):
+        tgi.rollout(ode, Q0, h=0.1, steps=2, method="implicit_midpoint")
+
+
+# -- (7) complex states and detaching Hamiltonians ---------------------------------------------
+
+def test_complex_states_and_detaching_hamiltonian_say_what_is_wrong():
+    H = tgi.Hamiltonian(lambda q, p: 0.5 * (p * p).sum(-1))
+    qc, pc = Q0.to(torch.complex128), P0.to(torch.complex128)
+    with pytest.raises(TypeError, match=r"complex states.*real coordinates.*z\.real"):
+        tgi.rollout(H, qc, pc, h=0.1, steps=2, method="implicit_midpoint")
+    detaching = tgi.Hamiltonian(lambda q, p: _kepler_H(q, p).detach())
+    with pytest.raises(RuntimeError, match=r"does not depend on its inputs through autograd.*detach"):
+        tgi.rollout(detaching, Q0, P0, h=0.1, steps=2, method="implicit_midpoint")
+    item = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1),
+                                    lambda q: torch.tensor(q.norm(dim=-1).tolist()))
+    with pytest.raises(RuntimeError, match="the potential.*does not depend on its inputs"):
+        tgi.rollout(item, Q0, P0, h=0.1, steps=2)
+
+
+# -- (2) composition tables ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, error, match", [
+    (("bad", 4, (math.nan,) * 3, "x"), ValueError, "finite"),
+    (("bad", 4, (math.inf, -math.inf, math.inf), "x"), ValueError, "finite"),
+    (("bad", 3, (1.0,), "x"), ValueError, "even int"),
+    (("bad", 0, (1.0,), "x"), ValueError, "even int"),
+    (("bad", 2, [1.0], "x"), TypeError, "tuple of real numbers"),
+    (("bad", 2, (), "x"), TypeError, "non-empty tuple"),
+    (("bad", 2, ("1",), "x"), TypeError, "real numbers"),
+    (("", 2, (1.0,), "x"), TypeError, "name"),
+])
+def test_coefficient_table_rejects_invalid_coefficients(args, error, match):
+    with pytest.raises(error, match=match):
+        CoefficientTable(*args)
+
+
+def test_coefficient_table_valid_ones_still_build():
+    t = CoefficientTable("plain", 2, (0.5, 0.5), "x")
+    assert tgi.Composition(tgi.get_method("verlet"), t.gammas, order=t.order).order == 2
+
+
+# -- (4) states off their manifold ---------------------------------------------------------------
+
+def test_sphere_ode_state_off_the_sphere_is_refused_once_at_the_start():
+    S = tgi.ODESystem(lambda t, x: torch.linalg.cross(torch.tensor([0.0, 0.0, 1.0]).expand_as(x),
+                                                      x, dim=-1))
+    method = sphere.SphereODEIntegrator()
+    with pytest.raises(ValueError, match=r"x0 is not on the sphere.*1\.00e\+00.*normalise"):
+        tgi.rollout(S, torch.tensor([[2.0, 0.0, 0.0]]), h=0.1, steps=3, method=method)
+    x = tgi.rollout(S, torch.tensor([[0.6, 0.8, 0.0]]), h=0.1, steps=3, method=method)
+    assert x.shape == (4, 1, 3)
+    # the tolerance is relative to the dtype: 1e-6 off passes in float32, not in float64
+    off = torch.tensor([[1.0 + 1e-6, 0.0, 0.0]])
+    sphere.check_on_sphere(off.float())
+    with pytest.raises(ValueError, match="not on the sphere"):
+        sphere.check_on_sphere(off)
+
+
+def test_so3_check_rotation_refuses_non_orthogonal_and_reflections():
+    g = so3.random_rotation(4, generator=torch.Generator().manual_seed(1))
+    so3.check_rotation(g)
+    so3.check_rotation(g.float())
+    with pytest.raises(ValueError, match=r"not a rotation matrix: max \|gᵀg − I\|"):
+        so3.check_rotation(g * 1.1)
+    reflected = g.clone()
+    reflected[1, :, 0] *= -1
+    with pytest.raises(ValueError, match=r"det -1.*reflection"):
+        so3.check_rotation(reflected)
+    with pytest.raises(ValueError, match="not a rotation"):      # 1e-6 is beyond √eps in float64
+        so3.check_rotation(g + 1e-6)
+    so3.check_rotation((g + 1e-6).float())                        # and within it in float32
+
+
+# -- (6, 10) checkpoints ------------------------------------------------------------------------
+
+def _saved(tmp_path):
+    model = tgi.nn.HNN(1, width=8)
+    opt = torch.optim.Adam(model.parameters())
+    model.energy(torch.ones(3, 1), torch.ones(3, 1)).sum().backward()
+    opt.step()
+    path = save_checkpoint(tmp_path / "c.pt", model, opt, step=3, history={"loss": [1.0]})
+    return model, path
+
+
+def _load_fresh(path):
+    other = tgi.nn.HNN(1, width=8)
+    before = [p.detach().clone() for p in other.parameters()]
+    try:
+        return load_checkpoint(path, other, torch.optim.Adam(other.parameters()))
+    except CheckpointError:    # a refused file loads nothing into the model
+        assert all(torch.equal(a, b) for a, b in zip(before, other.parameters()))
+        raise
+
+
+def _flip_bit_in(raw: bytes, tensor: torch.Tensor) -> bytes:
+    data = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    at = raw.find(data)
+    assert at >= 0 and raw.find(data, at + 1) < 0
+    out = bytearray(raw)
+    out[at + len(data) // 2] ^= 0x08
+    return bytes(out)
+
+
+def test_one_flipped_bit_in_weights_or_rng_is_refused(tmp_path):
+    model, path = _saved(tmp_path)
+    raw = path.read_bytes()
+    assert _load_fresh(path)["step"] == 3
+    bad = tmp_path / "flipped.pt"
+    bad.write_bytes(_flip_bit_in(raw, next(model.parameters())))
+    with pytest.raises(CheckpointError, match=r"flipped\.pt is not a valid torchgeo_int checkpoint "
+                                              r"\(checksum mismatch in /model/.*damaged\)"):
+        _load_fresh(bad)
+    bad.write_bytes(_flip_bit_in(raw, torch.load(path, weights_only=True)["rng"]["torch"]))
+    with pytest.raises(CheckpointError, match=r"checksum mismatch in /rng/torch"):
+        _load_fresh(bad)
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "garbage", "half_zeroed"])
+def test_truncated_empty_garbage_files_give_one_clear_error_with_the_path(tmp_path, damage):
+    _, path = _saved(tmp_path)
+    raw = path.read_bytes()
+    data = {"empty": b"", "truncated": raw[: len(raw) // 2],
+            "garbage": bytes(range(256)) * 8,
+            "half_zeroed": raw[: len(raw) // 2] + bytes(len(raw) - len(raw) // 2)}[damage]
+    bad = tmp_path / f"{damage}.pt"
+    bad.write_bytes(data)
+    with pytest.raises(CheckpointError, match=rf"{damage}\.pt is not a valid torchgeo_int "
+                                              r"checkpoint \(.+\)"):
+        _load_fresh(bad)
+
+
+def test_fit_resume_from_a_damaged_checkpoint_names_it(tmp_path):
+    _, path = _saved(tmp_path)
+    path.write_bytes(path.read_bytes()[:100])
+    model = tgi.nn.HNN(1, width=8)
+    with pytest.raises(CheckpointError, match="c.pt is not a valid torchgeo_int checkpoint"):
+        tgi.nn.fit(model, lambda m, q: m.energy(q, q).mean(), torch.zeros(4, 1), steps=1,
+                   resume=path, progress=False)
+
+
+# -- (12) a map's inverse that does not converge -------------------------------------------------
+
+class _SineMap(DiscretizationMap):
+    """R_d(x, v) = (x, x + sin v): a valid map (Def 2.2) whose inverse exists for |x1 − x0| < 1."""
+
+    def _forward(self, x, v):
+        return x, x + torch.sin(v)
+
+
+def test_map_inverse_convergence_error_advises_about_the_map_not_the_step():
+    R = _SineMap()
+    x, v = R.inverse(torch.zeros(2, 1), torch.full((2, 1), 0.5))
+    assert torch.allclose(torch.sin(v), torch.full((2, 1), 0.5))
+    with pytest.raises(ConvergenceError) as info:
+        R.inverse(torch.zeros(2, 1), torch.full((2, 1), 2.0))
+    msg = str(info.value)
+    assert "inverse of _SineMap" in msg and "too far apart" in msg and "newton_max_iter" in msg
+    assert "use solver='newton'" not in msg     # the solver's advice for integrator steps
+
+
+def test_spherical_pendulum_top_conversions_refuse_states_off_their_manifold():
+    pend = tgi.manifolds.SphericalPendulum()
+    q = torch.tensor([[0.6, 0.0, 0.8]])
+    p = torch.tensor([[0.0, 1.0, 0.0]])
+    g, mu = pend.to_top_state(q, p)
+    q2, p2 = pend.from_top_state(g, mu)
+    assert torch.allclose(q2, q, atol=1e-14) and torch.allclose(p2, p, atol=1e-14)
+    with pytest.raises(ValueError, match="q is not on the sphere"):
+        pend.to_top_state(2 * q, p)
+    with pytest.raises(ValueError, match="g is not a rotation matrix"):
+        pend.from_top_state(1.01 * g, mu)
+    flipped = g.clone()
+    flipped[..., 0] *= -1
+    with pytest.raises(ValueError, match="det -1"):
+        pend.from_top_state(flipped, mu)
