@@ -15,6 +15,8 @@ from .integrators.variational import VARIATIONAL_METHODS, DiscreteEulerLagrange,
 from .lagrangian import (ComposedDiscreteLagrangian, DegenerateLagrangianError, DiscreteLagrangian,
                          Lagrangian, MechanicalLagrangian, SecondOrderSystem)
 from .rollout import rollout
+from .forced import (FORCED_VARIATIONAL_METHODS, ForcedSystem, ForcedVariationalIntegrator,
+                     discrete_work)
 from .odeint import odeint, odeint_adjoint
 from . import distributed, manifolds, nn
 
@@ -31,4 +33,5 @@ __all__ = [
     "VARIATIONAL_METHODS", "DiscreteEulerLagrange", "VariationalIntegrator",
     "DiscreteLagrangian", "ComposedDiscreteLagrangian", "DegenerateLagrangianError", "Lagrangian", "MechanicalLagrangian", "SecondOrderSystem",
     "FirstOrderIntegrator", "FIRST_ORDER_METHODS", "theta", "odeint", "odeint_adjoint",
+    "ForcedSystem", "ForcedVariationalIntegrator", "FORCED_VARIATIONAL_METHODS", "discrete_work",
 ]
