@@ -18,6 +18,8 @@ from .rollout import rollout
 from .forced import (FORCED_VARIATIONAL_METHODS, ForcedSystem, ForcedVariationalIntegrator,
                      discrete_work)
 from .odeint import odeint, odeint_adjoint
+from .constraints import (CONSTRAINED_METHODS, ConstrainedSystem, ConstrainedVariationalIntegrator,
+                          ConstraintRankError, Rattle)
 from . import distributed, manifolds, nn
 
 __version__ = "0.1.0"
@@ -34,4 +36,6 @@ __all__ = [
     "DiscreteLagrangian", "ComposedDiscreteLagrangian", "DegenerateLagrangianError", "Lagrangian", "MechanicalLagrangian", "SecondOrderSystem",
     "FirstOrderIntegrator", "FIRST_ORDER_METHODS", "theta", "odeint", "odeint_adjoint",
     "ForcedSystem", "ForcedVariationalIntegrator", "FORCED_VARIATIONAL_METHODS", "discrete_work",
+    "ConstrainedSystem", "ConstraintRankError", "Rattle", "ConstrainedVariationalIntegrator",
+    "CONSTRAINED_METHODS",
 ]
