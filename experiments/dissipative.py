@@ -177,18 +177,18 @@ def main(argv=None):
     args = ap.parse_args(argv)
     torch.set_default_dtype(torch.float64)
     torch.set_num_threads(1)
-    n_train, n_test, steps, seeds = 32, 16, args.steps, args.seeds
+    n_train, n_test, steps, seeds, horizon = 32, 16, args.steps, args.seeds, T_TEST
     if args.quick:
-        n_train, n_test, steps, seeds = 4, 2, 3, 1
+        n_train, n_test, steps, seeds, horizon = 4, 2, 3, 1, 2.0
     arms = ["ours_midpoint"] + (["ours_verlet"] if args.verlet else []) + ["dhnn_fd", "node"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = dict(config=dict(c=C_TRUE, dt=DT, window_steps=K, train_horizon=T_TRAIN,
-                              test_horizon=T_TEST, n_train=n_train, n_test=n_test, steps=steps,
+                              test_horizon=horizon, n_train=n_train, n_test=n_test, steps=steps,
                               seeds=seeds, batch=64, lr=3e-3), tasks={})
     for task in args.tasks.split(","):
         qtr, ptr, ctr = make_data(task, n_train, T_TRAIN, seed=1)
-        qte, pte, cte = make_data(task, n_test, T_TEST, seed=2)
+        qte, pte, cte = make_data(task, n_test, horizon, seed=2)
         dq, dp = finite_differences(qtr, ptr, DT)
         data = windows(qtr, ptr, ctr, dq, dp)
         n_steps = qte.shape[1] - 1

@@ -79,7 +79,7 @@ def oscillator(lagrangian=False):
     return ForcedSystem(H, damping=C)
 
 
-def observed_order(system, method, T=2.0, hs=(0.1, 0.05, 0.025)):
+def observed_order(system, method, T=1.0, hs=(0.1, 0.05, 0.025)):
     q0, p0 = torch.tensor([[1.0]], dtype=DT), torch.tensor([[0.3]], dtype=DT)
     qe, pe = damped_exact(1.0, 0.3, T)
     errs = []
@@ -111,7 +111,7 @@ def test_order_with_control_against_reference():
     u = lambda t: torch.tensor([math.sin(1.3 * t)], dtype=DT)
     H = pendulum_H()
     L = tgi.Lagrangian.mechanical(lambda q: (1 - torch.cos(q)).sum(-1))
-    T = 2.0
+    T = 1.0
     ref = solve_ivp(lambda t, x: [x[1], -math.sin(x[0]) - C * x[1] + (1 + 0.5 * math.cos(x[0])) * math.sin(1.3 * t)],
                     (0, T), [0.8, 0.1], rtol=1e-12, atol=1e-12, method="DOP853").y[:, -1]
     q0, p0 = torch.tensor([[0.8]], dtype=DT), torch.tensor([[0.1]], dtype=DT)
@@ -120,7 +120,7 @@ def test_order_with_control_against_reference():
                            (ForcedSystem(L, damping=C, input_map=G, control=u),
                             tgi.FORCED_VARIATIONAL_METHODS["forced_variational_midpoint"])]:
         errs = []
-        for h in (0.1, 0.05, 0.025):
+        for h in (0.2, 0.1, 0.05):
             q, p = tgi.rollout(system, q0, p0, h=h, steps=round(T / h), method=method)
             errs.append(math.hypot(float(q[-1, 0, 0]) - ref[0], float(p[-1, 0, 0]) - ref[1]))
         rates = [math.log2(a / b) for a, b in zip(errs, errs[1:])]
@@ -194,10 +194,10 @@ def test_energy_balance_midpoint_nonlinear_defect_is_potential_quadrature():
 def test_damping_alone_never_increases_energy():
     """Rayleigh damping on a quadratic H: W_k = −h v̄ᵀCv̄ ≤ 0, so E_k is nonincreasing."""
     F = oscillator()
-    q, p = tgi.rollout(F, torch.tensor([[1.0]], dtype=DT), torch.tensor([[0.0]], dtype=DT), h=0.3, steps=100,
+    q, p = tgi.rollout(F, torch.tensor([[1.0]], dtype=DT), torch.tensor([[0.0]], dtype=DT), h=0.5, steps=40,
                        method="implicit_midpoint")
     E = F.energy(q, p)[:, 0]
-    assert bool((E[1:] <= E[:-1] + 1e-15).all()) and float(E[-1]) < 1e-3 * float(E[0])
+    assert bool((E[1:] <= E[:-1] + 1e-15).all()) and float(E[-1]) < 1e-2 * float(E[0])
 
 
 # -- gradients flow through the forced steps -------------------------------------------------
