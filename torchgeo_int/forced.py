@@ -31,7 +31,7 @@ the same solve as the one that gives (D₁L_d, D₂L_d) from (h ∂L/∂q, ∂L/
 equations are those of ``VariationalIntegrator`` with ∂L/∂q replaced by ∂L/∂q + F_tot at the base
 point (:class:`ForcedVariationalIntegrator`).  Forced discrete Legendre transforms:
 p_k = −D₁L_d − f_d^−,  p_{k+1} = D₂L_d + f_d^+.  For L = ½vᵀMv − V and the midpoint map both sides
-give the same step.
+give the same step (the same force written on v = M⁻¹p; tested with M = I).
 
 **Discrete energy balance.**  With the midpoint map (α = ½) on H = ½pᵀM⁻¹p + V(q) (any M, any
 force, damping and control): p̄ = (p_k + p_{k+1})/2 = M(q_{k+1} − q_k)/h, so the kinetic energy
@@ -271,7 +271,6 @@ class ForcedVariationalIntegrator(VariationalIntegrator):
         name = options.pop("name", None)
         super().__init__(R, fractions, **options)
         self.name = name or "forced_" + self.name
-        self._views = {}
 
     def adjoint(self):
         return ForcedVariationalIntegrator([R.adjoint() for R in reversed(self.maps)],
