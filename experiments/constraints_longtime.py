@@ -46,7 +46,7 @@ def main(argv=None):
     cache = None
     step = method.bind(S)
     with torch.no_grad():
-        bar = tqdm(total=args.steps, desc="rattle 1e5 steps", mininterval=5)
+        bar = tqdm(total=args.steps, desc=f"rattle, {args.steps} steps", mininterval=5)
         k = 0
         for c in range(chunks):
             emax = 0.0
