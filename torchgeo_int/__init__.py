@@ -16,7 +16,11 @@ from .integrators.variational import VARIATIONAL_METHODS, DiscreteEulerLagrange,
 from .lagrangian import (ComposedDiscreteLagrangian, DegenerateLagrangianError, DiscreteLagrangian,
                          Lagrangian, MechanicalLagrangian, SecondOrderSystem)
 from .rollout import rollout
+from .forced import (FORCED_VARIATIONAL_METHODS, ForcedSystem, ForcedVariationalIntegrator,
+                     discrete_work)
 from ._odeint import odeint, odeint_adjoint
+from .constraints import (CONSTRAINED_METHODS, ConstrainedSystem, ConstrainedVariationalIntegrator,
+                          ConstraintRankError, Rattle)
 from . import distributed, manifolds, nn
 
 __version__ = "0.1.0"
@@ -32,4 +36,7 @@ __all__ = [
     "VARIATIONAL_METHODS", "DiscreteEulerLagrange", "VariationalIntegrator",
     "DiscreteLagrangian", "ComposedDiscreteLagrangian", "DegenerateLagrangianError", "Lagrangian", "MechanicalLagrangian", "SecondOrderSystem",
     "FirstOrderIntegrator", "FIRST_ORDER_METHODS", "theta", "odeint", "odeint_adjoint",
+    "ForcedSystem", "ForcedVariationalIntegrator", "FORCED_VARIATIONAL_METHODS", "discrete_work",
+    "ConstrainedSystem", "ConstraintRankError", "Rattle", "ConstrainedVariationalIntegrator",
+    "CONSTRAINED_METHODS",
 ]

@@ -110,8 +110,16 @@ class VariationalIntegrator(ImplicitIntegrator):
     def key(self) -> tuple:
         return ("variational", tuple(R.key() for R in self.maps), tuple(self.fractions))
 
-    def step(self, system, q, p, t, h, cache=None):
+    def _equations(self, system):
+        """(L, E): L the Lagrangian of the warm start and the regularity checks, E the one whose
+        ``derivatives(q, v, t)`` enter the discrete equations — both the system here; the forced
+        integrator (``torchgeo_int.forced``) adds the force to E's ∂L/∂q, the constrained one
+        (``torchgeo_int.constraints``) passes a multiplier term through ``_solve``."""
         L = _lagrangian(system)
+        return L, L
+
+    def step(self, system, q, p, t, h, cache=None):
+        L, E = self._equations(system)
         if isinstance(cache, _VICache):
             v0 = cache.velocity
         else:
@@ -121,19 +129,23 @@ class VariationalIntegrator(ImplicitIntegrator):
             if not isinstance(L, MechanicalLagrangian):
                 L.check_regular(q, v0, t)
         try:
-            q1, p1 = self._solve(L, q, p, t, h, v0)
+            q1, p1 = self._solve(E, q, p, t, h, v0)
         except ConvergenceError:
             L.check_regular(q, v0, t)  # a degenerate L is the likelier cause: say so
             raise
         return q1, p1, _VICache((q1 - q) / h)
 
-    def _solve(self, L, q, p, t, h, v0):
+    def _solve(self, L, q, p, t, h, v0, constraint=None):
         """Stage i covers [t + aᵢh, t + (aᵢ + cᵢ)h] with the pair (q_{i−1}, q_i) = R_i(q̄ᵢ, wᵢ).
         Unknowns: for an α-map the discrete velocity uᵢ = (q_i − q_{i−1})/(cᵢh), so that
         q̄ᵢ = q_{i−1} + αcᵢh uᵢ and wᵢ = cᵢh uᵢ; for any other map the base point (q̄ᵢ, wᵢ) itself,
         with the extra equation R¹ᵢ(q̄ᵢ, wᵢ) = q_{i−1}.  Either way L_d's derivatives are taken at
         the base point, never through (q_i − q_{i−1})/h (which loses digits in float32) nor
-        through a Newton inverse."""
+        through a Newton inverse.
+
+        ``constraint = (G_k, g)`` (holonomic constraints, ``torchgeo_int.constraints``): one more
+        unknown, the multiplier ν (..., m); p_k becomes p_k − G_kᵀν in the first equation and
+        g(q_{k+1}) = 0 joins the system."""
         terms = [DiscreteLagrangian(L, R) for R in self.maps]
         c, a = self.fractions, self.starts
 
@@ -153,7 +165,10 @@ class VariationalIntegrator(ImplicitIntegrator):
                 start = end
             return out
 
-        def residual(z, q, p):   # (q, p): the solver's args (see solvers' note on args)
+        def residual(z, q, p, *G):   # (q, p[, G_k]): the solver's args (solvers' note on args)
+            if G:
+                z, nu = z[:-1], z[-1]
+                p = p - (G[0].mT @ nu.unsqueeze(-1)).squeeze(-1)
             st = stages(self._unflat(z), q)
             res, prev_D2 = [], p  # p₀ + D₁L_d¹ = 0, then D₂L_d^{i−1} + D₁L_dⁱ = 0
             for i, (_, D1, D2, extra) in enumerate(st):
@@ -161,6 +176,8 @@ class VariationalIntegrator(ImplicitIntegrator):
                 if extra is not None:
                     res.append(extra)
                 prev_D2 = D2
+            if G:
+                res.append(constraint[1](st[-1][0]))
             return tuple(res)
 
         z0, start = [], q.detach()
@@ -171,7 +188,13 @@ class VariationalIntegrator(ImplicitIntegrator):
             else:
                 z0 += [(start + R.base_fraction * w).detach(), w.detach()]
             start = start + w
-        z = self.options.root(residual, tuple(z0), (q, p))
+        args = (q, p)
+        if constraint is not None:
+            z0.append(q.new_zeros(constraint[0].shape[:-1]))
+            args = (q, p, constraint[0])
+        z = self.options.root(residual, tuple(z0), args)
+        if constraint is not None:
+            z = z[:-1]
         st = stages(self._unflat(z), q)
         return st[-1][0], st[-1][2]
 

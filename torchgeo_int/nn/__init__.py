@@ -4,6 +4,8 @@ modules (learned Hamiltonians) → layers (steps and rollouts as nn.Modules) →
 (rollout, discretization-map residual, derivative matching) → training (fit, checkpoints) and
 metrics (rollout/energy errors, ε_H).  Everything steps through ``torchgeo_int``'s integrators.
 """
+from .dissipative import (InputMap, PSDMatrix, PortHamiltonianNN, StateDamping,
+                          forced_derivative_loss, forced_residual_loss, forced_rollout_loss)
 from .layers import SymplecticRollout, SymplecticStep
 from .losses import (derivative_loss, finite_differences, make_windows, residual_loss,
                      rollout_loss)
@@ -20,4 +22,6 @@ __all__ = [
     "fit", "seed_everything", "make_optimizer", "TensorBatches", "save_checkpoint",
     "load_checkpoint",
     "predict", "state_mse", "rollout_mse", "energy_mse", "energy_drift", "hamiltonian_error",
+    "PortHamiltonianNN", "PSDMatrix", "StateDamping", "InputMap", "forced_rollout_loss",
+    "forced_residual_loss", "forced_derivative_loss",
 ]

@@ -1,0 +1,260 @@
+"""Forced, dissipative and controlled systems (torchgeo_int.forced): zero force is the unforced
+method bit for bit, the order of the base method on a damped oscillator with exact solution, the
+midpoint discrete energy balance to round-off, and clear errors on bad input."""
+import math
+
+import pytest
+import torch
+
+import torchgeo_int as tgi
+from torchgeo_int.forced import ForcedSystem, ForcedVariationalIntegrator, discrete_work
+
+DT = torch.float64
+
+
+def pendulum_H():
+    return tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: (1 - torch.cos(q)).sum(-1))
+
+
+def state(n=3, dim=1, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(n, dim, generator=g, dtype=DT) * 2 - 1, torch.rand(n, dim, generator=g, dtype=DT) - 0.5
+
+
+def zero_force(q, z, t, u):
+    return torch.zeros_like(q)
+
+
+# -- zero force: the unforced method, bit for bit ----------------------------------------------
+@pytest.mark.parametrize("method", ["implicit_midpoint", "verlet", "symplectic_euler", "yoshida4"])
+def test_zero_force_hamiltonian_bit_for_bit(method):
+    q0, p0 = state()
+    # a non-separable H: every method runs its implicit form on both systems
+    H = tgi.Hamiltonian(lambda q, p: 0.5 * (p * p).sum(-1) * (1 + 0.1 * q.pow(2).sum(-1)) - torch.cos(q).sum(-1))
+    ref = tgi.rollout(H, q0, p0, h=0.1, steps=20, method=method)
+    out = tgi.rollout(ForcedSystem(H, zero_force), q0, p0, h=0.1, steps=20, method=method)
+    assert torch.equal(ref[0], out[0]) and torch.equal(ref[1], out[1])
+
+
+def test_zero_force_separable_stays_explicit_bit_for_bit():
+    q0, p0 = state()
+    H = pendulum_H()
+    F = ForcedSystem(H, lambda q, z, t, u: torch.zeros_like(q), velocity_dependent=False)
+    assert F.separable
+    ref = tgi.rollout(H, q0, p0, h=0.1, steps=30, method="verlet")
+    out = tgi.rollout(F, q0, p0, h=0.1, steps=30, method="verlet")
+    assert torch.equal(ref[0], out[0]) and torch.equal(ref[1], out[1])
+
+
+@pytest.mark.parametrize("maps", [[tgi.AlphaMap(0.5)], [tgi.AlphaMap(0.0), tgi.AlphaMap(1.0)], [tgi.AlphaMap(0.3)]])
+def test_zero_force_variational_bit_for_bit(maps):
+    q0, p0 = state()
+    L = tgi.Lagrangian.mechanical(lambda q: (1 - torch.cos(q)).sum(-1))
+    fr = None if len(maps) == 1 else [0.5, 0.5]
+    ref = tgi.rollout(L, q0, p0, h=0.1, steps=20, method=tgi.VariationalIntegrator(maps, fr))
+    out = tgi.rollout(ForcedSystem(L, zero_force), q0, p0, h=0.1, steps=20,
+                      method=ForcedVariationalIntegrator(maps, fr))
+    assert torch.equal(ref[0], out[0]) and torch.equal(ref[1], out[1])
+
+
+# -- order on the damped oscillator ------------------------------------------------------------
+W0, C = 2.0, 0.4
+
+
+def damped_exact(q0, p0, t):
+    """q̈ + C q̇ + W0² q = 0 (p = q̇)."""
+    g = C / 2
+    wd = math.sqrt(W0 ** 2 - g * g)
+    A, B = q0, (p0 + g * q0) / wd
+    e = math.exp(-g * t)
+    q = e * (A * math.cos(wd * t) + B * math.sin(wd * t))
+    p = e * ((-g * A + wd * B) * math.cos(wd * t) + (-g * B - wd * A) * math.sin(wd * t))
+    return q, p
+
+
+def oscillator(lagrangian=False):
+    if lagrangian:
+        return ForcedSystem(tgi.Lagrangian.mechanical(lambda q: 0.5 * W0 ** 2 * (q * q).sum(-1)), damping=C)
+    H = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: 0.5 * W0 ** 2 * (q * q).sum(-1))
+    return ForcedSystem(H, damping=C)
+
+
+def observed_order(system, method, T=1.0, hs=(0.1, 0.05, 0.025)):
+    q0, p0 = torch.tensor([[1.0]], dtype=DT), torch.tensor([[0.3]], dtype=DT)
+    qe, pe = damped_exact(1.0, 0.3, T)
+    errs = []
+    for h in hs:
+        q, p = tgi.rollout(system, q0, p0, h=h, steps=round(T / h), method=method)
+        errs.append(math.hypot(float(q[-1, 0, 0]) - qe, float(p[-1, 0, 0]) - pe))
+    return [math.log2(a / b) for a, b in zip(errs, errs[1:])]
+
+
+@pytest.mark.parametrize("method,order", [("implicit_midpoint", 2), ("verlet", 2), ("symplectic_euler", 1),
+                                          ("yoshida4", 4)])
+def test_order_hamiltonian_damped_oscillator(method, order):
+    rates = observed_order(oscillator(), method)
+    assert min(rates) > order - 0.15, rates
+
+
+@pytest.mark.parametrize("name,order", [("forced_variational_midpoint", 2), ("forced_variational_verlet", 2),
+                                        ("forced_variational_euler", 1)])
+def test_order_lagrange_dalembert_damped_oscillator(name, order):
+    rates = observed_order(oscillator(lagrangian=True), tgi.FORCED_VARIATIONAL_METHODS[name])
+    assert min(rates) > order - 0.15, rates
+
+
+def test_order_with_control_against_reference():
+    """A time-dependent control u(t) = sin(1.3 t) through a state-dependent input map: order 2
+    (midpoint, Verlet, the variational midpoint) against a tight solve_ivp reference."""
+    from scipy.integrate import solve_ivp
+    G = lambda q: (1 + 0.5 * torch.cos(q)).unsqueeze(-1)          # (..., 1, 1)
+    u = lambda t: torch.tensor([math.sin(1.3 * t)], dtype=DT)
+    H = pendulum_H()
+    L = tgi.Lagrangian.mechanical(lambda q: (1 - torch.cos(q)).sum(-1))
+    T = 1.0
+    ref = solve_ivp(lambda t, x: [x[1], -math.sin(x[0]) - C * x[1] + (1 + 0.5 * math.cos(x[0])) * math.sin(1.3 * t)],
+                    (0, T), [0.8, 0.1], rtol=1e-12, atol=1e-12, method="DOP853").y[:, -1]
+    q0, p0 = torch.tensor([[0.8]], dtype=DT), torch.tensor([[0.1]], dtype=DT)
+    for system, method in [(ForcedSystem(H, damping=C, input_map=G, control=u), "implicit_midpoint"),
+                           (ForcedSystem(H, damping=C, input_map=G, control=u), "verlet"),
+                           (ForcedSystem(L, damping=C, input_map=G, control=u),
+                            tgi.FORCED_VARIATIONAL_METHODS["forced_variational_midpoint"])]:
+        errs = []
+        for h in (0.2, 0.1, 0.05):
+            q, p = tgi.rollout(system, q0, p0, h=h, steps=round(T / h), method=method)
+            errs.append(math.hypot(float(q[-1, 0, 0]) - ref[0], float(p[-1, 0, 0]) - ref[1]))
+        rates = [math.log2(a / b) for a, b in zip(errs, errs[1:])]
+        assert min(rates) > 1.85, (method, rates)
+
+
+def test_variational_midpoint_equals_forced_implicit_midpoint():
+    """For L = ½v² − V the forced discrete Lagrange–d'Alembert midpoint step is the forced
+    implicit midpoint step of H (module docstring)."""
+    q0, p0 = state()
+    force = lambda q, z, t: -0.3 * z + 0.2 * torch.sin(q + t)
+    H, L = pendulum_H(), tgi.Lagrangian.mechanical(lambda q: (1 - torch.cos(q)).sum(-1))
+    a = tgi.rollout(ForcedSystem(H, force), q0, p0, h=0.1, steps=20, method="implicit_midpoint")
+    b = tgi.rollout(ForcedSystem(L, force), q0, p0, h=0.1, steps=20,
+                    method=tgi.FORCED_VARIATIONAL_METHODS["forced_variational_midpoint"])
+    assert (a[0] - b[0]).abs().max() < 1e-12 and (a[1] - b[1]).abs().max() < 1e-12
+
+
+def test_discrete_forces_weighted_by_the_map():
+    """f_d^− = (1−α)hF̄, f_d^+ = αhF̄ for the α-map: p_k = −D₁L_d − f_d^−, p_{k+1} = D₂L_d + f_d^+."""
+    alpha, h = 0.3, 0.1
+    L = tgi.Lagrangian.mechanical(lambda q: (1 - torch.cos(q)).sum(-1))
+    force = lambda q, v, t: -0.5 * v + torch.cos(q)
+    q0, p0 = state()
+    q1, p1 = ForcedVariationalIntegrator(tgi.AlphaMap(alpha))(ForcedSystem(L, force), q0, p0, 0.0, h)
+    D1, D2 = tgi.DiscreteLagrangian(L, tgi.AlphaMap(alpha)).derivatives(q0, q1, h)
+    Fb = force((1 - alpha) * q0 + alpha * q1, (q1 - q0) / h, alpha * h)
+    assert (p0 - (-D1 - (1 - alpha) * h * Fb)).abs().max() < 1e-12
+    assert (p1 - (D2 + alpha * h * Fb)).abs().max() < 1e-13
+
+
+# -- discrete energy balance -------------------------------------------------------------------
+def test_energy_balance_midpoint_quadratic_to_roundoff():
+    """Quadratic H, any force (nonlinear, damping, time-dependent control): ΔH = W_k exactly."""
+    S = torch.tensor([[2.0, 0.3], [0.3, 1.0]], dtype=DT)
+    H = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: 0.5 * ((q @ S) * q).sum(-1))
+    F = ForcedSystem(H, lambda q, z, t, u: 0.3 * torch.sin(q.flip(-1)) * z, damping=torch.tensor([0.2, 0.05], dtype=DT),
+                     input_map=torch.tensor([[1.0], [0.5]], dtype=DT), control=lambda t: torch.tensor([math.cos(t)], dtype=DT))
+    q0, p0 = state(4, 2)
+    h = 0.2
+    q, p = tgi.rollout(F, q0, p0, h=h, steps=50, method="implicit_midpoint")
+    E = H.energy(q, p)
+    W = discrete_work(F, q, p, h=h)
+    assert (E[1:] - E[:-1] - W).abs().max() < 2e-14 * (1 + E.abs().max())
+    assert float(W.abs().max()) > 1e-3        # the force does work
+
+
+def test_energy_balance_midpoint_nonlinear_defect_is_potential_quadrature():
+    """Any V: E_{k+1} − E_k = W_k + D_k, D_k = V(q_{k+1}) − V(q_k) − ∇V(q̄)·Δq, to round-off, on
+    both sides (Hamiltonian forced midpoint, Lagrange–d'Alembert midpoint)."""
+    V = lambda q: (1 - torch.cos(q)).sum(-1) + 0.1 * (q ** 4).sum(-1)
+    H = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), V)
+    L = tgi.Lagrangian.mechanical(V)
+    u = lambda t: torch.tensor([0.4 * math.sin(2 * t)], dtype=DT)
+    h = 0.15
+    q0, p0 = state(3, 1)
+    for system, method in [(ForcedSystem(H, damping=0.3, input_map=torch.ones(1, 1, dtype=DT), control=u), "implicit_midpoint"),
+                           (ForcedSystem(L, damping=0.3, input_map=torch.ones(1, 1, dtype=DT), control=u),
+                            tgi.FORCED_VARIATIONAL_METHODS["forced_variational_midpoint"])]:
+        q, p = tgi.rollout(system, q0, p0, h=h, steps=40, method=method)
+        E = H.energy(q, p)
+        W = discrete_work(system, q, p, h=h)
+        qb = 0.5 * (q[1:] + q[:-1])
+        gV = tgi.systems.grad_of(V, (qb,))[0]
+        D = V(q[1:]) - V(q[:-1]) - (gV * (q[1:] - q[:-1])).sum(-1)
+        assert (E[1:] - E[:-1] - W - D).abs().max() < 1e-14 * 20
+        assert D.abs().max() > 1e-8            # the defect is real for a nonlinear V ...
+        assert D.abs().max() < 0.05 * W.abs().max()   # ... and small next to the work
+
+
+def test_damping_alone_never_increases_energy():
+    """Rayleigh damping on a quadratic H: W_k = −h v̄ᵀCv̄ ≤ 0, so E_k is nonincreasing."""
+    F = oscillator()
+    q, p = tgi.rollout(F, torch.tensor([[1.0]], dtype=DT), torch.tensor([[0.0]], dtype=DT), h=0.5, steps=40,
+                       method="implicit_midpoint")
+    E = F.energy(q, p)[:, 0]
+    assert bool((E[1:] <= E[:-1] + 1e-15).all()) and float(E[-1]) < 1e-2 * float(E[0])
+
+
+# -- gradients flow through the forced steps -------------------------------------------------
+def test_gradients_to_damping_and_input_map():
+    c = torch.tensor(0.3, dtype=DT, requires_grad=True)
+    g = torch.tensor([[1.0]], dtype=DT, requires_grad=True)
+    H = pendulum_H()
+    F = ForcedSystem(H, damping=lambda q: (c * torch.ones_like(q)).unsqueeze(-1), input_map=lambda q: g.expand(*q.shape, 1),
+                     control=torch.tensor([0.5], dtype=DT))
+    q0, p0 = state()
+    q, p = tgi.rollout(F, q0, p0, h=0.1, steps=10, method="implicit_midpoint")
+    gc, gg = torch.autograd.grad(q[-1].sum() + p[-1].sum(), (c, g))
+    # finite differences of the same rollout
+    def val(cv, gv):
+        Fd = ForcedSystem(H, damping=cv, input_map=torch.tensor([[gv]], dtype=DT), control=torch.tensor([0.5], dtype=DT))
+        with torch.no_grad():
+            q, p = tgi.rollout(Fd, q0, p0, h=0.1, steps=10, method="implicit_midpoint")
+        return float(q[-1].sum() + p[-1].sum())
+    e = 1e-6
+    assert abs(float(gc) - (val(0.3 + e, 1.0) - val(0.3 - e, 1.0)) / (2 * e)) < 1e-6
+    assert abs(float(gg) - (val(0.3, 1.0 + e) - val(0.3, 1.0 - e)) / (2 * e)) < 1e-6
+
+
+# -- bad input --------------------------------------------------------------------------------
+def test_negative_damping_is_refused():
+    H = pendulum_H()
+    with pytest.raises(ValueError, match="nonnegative"):
+        ForcedSystem(H, damping=-0.1)
+    with pytest.raises(ValueError, match="positive semidefinite"):
+        ForcedSystem(H, damping=torch.tensor([[1.0, 0.0], [0.0, -0.5]], dtype=DT))
+    with pytest.raises(ValueError, match="symmetric"):
+        ForcedSystem(H, damping=torch.tensor([[1.0, 0.5], [0.0, 1.0]], dtype=DT))
+    F = ForcedSystem(H, damping=lambda q: -torch.ones(*q.shape, 1, dtype=DT))
+    q0, p0 = state()
+    with pytest.raises(ValueError, match="positive semidefinite"):
+        tgi.rollout(F, q0, p0, h=0.1, steps=2, method="implicit_midpoint")
+
+
+def test_control_of_wrong_shape_is_refused():
+    H = pendulum_H()
+    q0, p0 = state(3, 1)
+    G = torch.ones(1, 2, dtype=DT)         # two controls
+    for u in (torch.ones(3, dtype=DT), torch.ones(5, 2, dtype=DT), lambda t: torch.ones(1, dtype=DT)):
+        with pytest.raises(ValueError, match="control"):
+            tgi.rollout(ForcedSystem(H, input_map=G, control=u), q0, p0, h=0.1, steps=2, method="implicit_midpoint")
+    with pytest.raises(ValueError, match="no control"):
+        tgi.rollout(ForcedSystem(H, input_map=G), q0, p0, h=0.1, steps=2, method="implicit_midpoint")
+    with pytest.raises(ValueError, match="nothing uses it"):
+        ForcedSystem(H, control=torch.ones(2, dtype=DT))
+    with pytest.raises(ValueError, match="shaped like q"):
+        tgi.rollout(ForcedSystem(H, lambda q, z: torch.ones(2, dtype=DT)), q0, p0, h=0.1, steps=1,
+                    method="implicit_midpoint")
+
+
+def test_wrong_system_kinds_are_refused():
+    with pytest.raises(TypeError, match="SecondOrderSystem"):
+        ForcedSystem(tgi.SecondOrderSystem.from_potential(lambda q: (q * q).sum(-1)), damping=0.1)
+    with pytest.raises(TypeError, match="Lagrangian"):
+        tgi.rollout(ForcedSystem(pendulum_H(), damping=0.1), *state(), h=0.1, steps=1,
+                    method=tgi.FORCED_VARIATIONAL_METHODS["forced_variational_midpoint"])

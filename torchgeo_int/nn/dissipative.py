@@ -1,0 +1,218 @@
+r"""Dissipative and controlled (port-Hamiltonian) models trained through the forced integrators.
+
+:class:`PortHamiltonianNN` is a :class:`~torchgeo_int.ForcedSystem` whose parts are learned:
+
+    q̇ = ∂H_θ/∂p,    ṗ = −∂H_θ/∂q − C_θ(q) ∂H_θ/∂p + G_θ(q) u(t),
+
+H_θ a learned Hamiltonian (``MechanicalHNN``, ``SeparableHNN`` or ``HNN``), C_θ = L Lᵀ positive
+semidefinite by construction (a constant or an MLP of q: the Rayleigh dissipation
+R_θ = ½ vᵀC_θv ≥ 0, so dH_θ/dt = −vᵀC_θv + vᵀG_θu), G_θ(q) an MLP input map for k controls.
+Since it is a System, every integrator of the library steps it with the force in eq. (20)'s
+tangent (the forced cotangent-lift step, ``torchgeo_int.forced``).
+
+Losses (windows ``(N, L, n)`` as in :mod:`torchgeo_int.nn.losses`; ``control``: None, a tensor
+(N, k) held over each window, or a callable u(t) → (N, k) with t measured from each window's
+start; the losses set ``model.control`` and leave it set, for the implicit steps' backward):
+
+* :func:`forced_rollout_loss`   k steps of any integrator of the forced model against the data,
+* :func:`forced_residual_loss`  the forced eq. (20) residual of every observed pair (no solve),
+* :func:`forced_derivative_loss` derivative matching against given targets (e.g. finite
+  differences): the dissipative-HNN baseline.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..forced import ForcedSystem
+from ..lifts import CotangentLift
+from ..maps import DiscretizationMap, MidpointMap
+from ..rollout import rollout
+from .losses import _check_number, check_data
+from .._validate import check_int as _check_int
+from .modules import HNN, MLP, MechanicalHNN, SeparableHNN, _fill_tril
+
+Tensor = torch.Tensor
+
+__all__ = ["PSDMatrix", "StateDamping", "InputMap", "PortHamiltonianNN", "forced_rollout_loss",
+           "forced_residual_loss", "forced_derivative_loss"]
+
+
+def _tril(n):
+    return torch.tril_indices(n, n)
+
+
+class PSDMatrix(nn.Module):
+    """A constant learned C = L Lᵀ (n × n, positive semidefinite for every θ), returned as
+    ``(..., n, n)`` for points q ``(..., n)``.  ``init``: the initial C = init·I."""
+
+    def __init__(self, dim: int, *, init: float = 0.1):
+        super().__init__()
+        _check_int(dim, "dim", 1)
+        self.dim = dim
+        rows, cols = _tril(dim)
+        self.register_buffer("_rows", rows, persistent=False)
+        self.register_buffer("_cols", cols, persistent=False)
+        self.values = nn.Parameter(torch.where(rows == cols, float(init) ** 0.5, 0.0)
+                                   .to(torch.get_default_dtype()))
+
+    def forward(self, q):
+        L = _fill_tril(self.values.new_zeros(self.dim, self.dim), self.values, self._rows, self._cols)
+        return (L @ L.mT).expand(*q.shape[:-1], self.dim, self.dim)
+
+
+class StateDamping(nn.Module):
+    """C_θ(q) = L_θ(q) L_θ(q)ᵀ, L_θ lower triangular from an MLP of q: positive semidefinite for
+    every θ and q.  Starts at C ≡ init·I (zero output layer)."""
+
+    def __init__(self, dim: int, *, width: int = 64, depth: int = 2, init: float = 0.1):
+        super().__init__()
+        _check_int(dim, "dim", 1)
+        self.dim = dim
+        rows, cols = _tril(dim)
+        self.register_buffer("_rows", rows, persistent=False)
+        self.register_buffer("_cols", cols, persistent=False)
+        self.net = MLP(dim, len(rows), width=width, depth=depth)
+        nn.init.zeros_(self.net[-1].weight)
+        self.bias = nn.Parameter(torch.where(rows == cols, float(init) ** 0.5, 0.0)
+                                 .to(torch.get_default_dtype()))
+
+    def forward(self, q):
+        raw = self.net(q) + self.bias
+        L = _fill_tril(raw.new_zeros(*raw.shape[:-1], self.dim, self.dim), raw, self._rows, self._cols)
+        return L @ L.mT
+
+
+class InputMap(nn.Module):
+    """G_θ(q) (..., n, k): an MLP of q (``state=True``) or a constant matrix."""
+
+    def __init__(self, dim: int, n_controls: int, *, state: bool = True, width: int = 64,
+                 depth: int = 2):
+        super().__init__()
+        _check_int(dim, "dim", 1)
+        _check_int(n_controls, "n_controls", 1)
+        self.dim, self.k = dim, n_controls
+        if state:
+            self.net = MLP(dim, dim * n_controls, width=width, depth=depth)
+            self.const = None
+        else:
+            self.net = None
+            self.const = nn.Parameter(torch.zeros(dim, n_controls, dtype=torch.get_default_dtype()))
+
+    def forward(self, q):
+        if self.net is None:
+            return self.const.expand(*q.shape[:-1], self.dim, self.k)
+        return self.net(q).unflatten(-1, (self.dim, self.k))
+
+
+_HAMILTONIANS = {"mechanical": lambda d, o: MechanicalHNN(d, constant_mass=True, **o),
+                 "mechanical_q": lambda d, o: MechanicalHNN(d, **o),
+                 "separable": lambda d, o: SeparableHNN(d, **o), "hnn": lambda d, o: HNN(d, **o)}
+
+
+class PortHamiltonianNN(ForcedSystem):
+    r"""ṗ = −∂H_θ/∂q − C_θ ∂H_θ/∂p + G_θ(q) u, q̇ = ∂H_θ/∂p (module docstring).
+
+    ``hamiltonian``: ``"mechanical"`` (½pᵀM⁻¹p + V_θ(q), constant learned M: separable),
+    ``"mechanical_q"`` (M_θ(q)), ``"separable"`` (T_θ(p) + V_θ(q)), ``"hnn"`` (MLP of (q, p)),
+    or a Hamiltonian module.  ``damping``: ``"constant"`` (:class:`PSDMatrix`), ``"state"``
+    (:class:`StateDamping`) or None (conservative).  ``n_controls`` k ≥ 1 adds the input map
+    G_θ (``input_map="state"`` an MLP of q, ``"constant"`` a matrix); set the control with
+    ``model.control = u`` (the losses set it and leave it set).
+    """
+
+    def __init__(self, dim: int, *, n_controls: int = 0, hamiltonian="mechanical",
+                 damping: str | None = "constant", input_map: str = "state", width: int = 64,
+                 depth: int = 2, damping_init: float = 0.1):
+        _check_int(dim, "dim", 1)
+        _check_int(n_controls, "n_controls", 0)
+        opts = dict(width=width, depth=depth)
+        if isinstance(hamiltonian, str):
+            if hamiltonian not in _HAMILTONIANS:
+                raise ValueError(f"hamiltonian must be one of {sorted(_HAMILTONIANS)} or a module, "
+                                 f"got {hamiltonian!r}")
+            H = _HAMILTONIANS[hamiltonian](dim, opts)
+        else:
+            H = hamiltonian
+        if damping not in ("constant", "state", None):
+            raise ValueError(f"damping must be 'constant', 'state' or None, got {damping!r}")
+        if input_map not in ("state", "constant"):
+            raise ValueError(f"input_map must be 'state' or 'constant', got {input_map!r}")
+        C = None if damping is None else (PSDMatrix(dim, init=damping_init) if damping == "constant"
+                                          else StateDamping(dim, init=damping_init, **opts))
+        G = InputMap(dim, n_controls, state=input_map == "state", **opts) if n_controls else None
+        super().__init__(H, damping=C, input_map=G, velocity_dependent=False)
+        self.dim, self.n_controls = dim, n_controls
+
+    def dissipation(self, q: Tensor, p: Tensor) -> Tensor:
+        """vᵀC_θ(q)v ≥ 0, v = ∂H_θ/∂p: the rate at which the damping removes energy."""
+        v = self.system.vector_field(q, p)[0]
+        if self._damping_fn is None:
+            return torch.zeros_like(v[..., 0])
+        return (v * (self._damping_fn(q) @ v.unsqueeze(-1)).squeeze(-1)).sum(-1)
+
+
+def _set_control(model, control):
+    """Sets ``model.control`` and leaves it set: the implicit steps' backward passes evaluate the
+    field again after the loss returns, and must see the same control."""
+    if control is None:
+        return
+    if not isinstance(model, ForcedSystem):
+        raise TypeError(f"a control needs a ForcedSystem model, got {type(model).__name__}")
+    model.control = control
+
+
+def forced_rollout_loss(model, q: Tensor, p: Tensor, *, dt: float, control=None, method="verlet",
+                        substeps: int = 1, **rollout_options) -> Tensor:
+    r"""½ mean |Φ^{∘j}(x₀) − x_j|² over windows ``(N, k + 1, n)``, Φ = ``substeps`` steps of
+    ``method`` on the forced model with step dt/substeps, from t = 0 at each window's start."""
+    dt = _check_number(dt, "dt")
+    check_data(q, p, names=("q", "p"), ndim=3, min_len=2)
+    k = q.shape[1] - 1
+    _set_control(model, control)
+    qs, ps = rollout(model, q[:, 0], p[:, 0], h=dt / substeps, steps=k * substeps,
+                     method=method, save_every=substeps, **rollout_options)
+    eq = qs[1:] - q[:, 1:].transpose(0, 1)
+    ep = ps[1:] - p[:, 1:].transpose(0, 1)
+    return 0.5 * ((eq * eq).mean() + (ep * ep).mean())
+
+
+def _stacked_control(control, times, like):
+    """The control at each time of ``times`` as (N, len(times), k) (None stays None)."""
+    if control is None:
+        return None
+    us = [control(t) if callable(control) else control for t in times]
+    return torch.stack([u.expand(like.shape[0], u.shape[-1]) for u in us], 1)
+
+
+def forced_residual_loss(model, q: Tensor, p: Tensor, *, dt: float, control=None,
+                         R: DiscretizationMap | None = None) -> Tensor:
+    r"""The forced eq. (20) residual r_j = tangent − h (X_{H_θ} + F_θ^v)(base) of every observed
+    pair, (base, tangent) = (R_d^{T*})⁻¹(x_j, x_{j+1}), mean |r_j|²/h² (units of derivative
+    matching).  The force is evaluated at the base time t_j + αh (α of R, ½ otherwise)."""
+    dt = _check_number(dt, "dt")
+    R = MidpointMap() if R is None else R
+    if not isinstance(R, DiscretizationMap):
+        raise TypeError(f"R must be a DiscretizationMap, got {type(R).__name__}")
+    check_data(q, p, names=("q", "p"), ndim=3, min_len=2)
+    n = q.shape[-1]
+    x = torch.cat([q, p], -1)
+    base, tangent = CotangentLift(R).inverse(x[:, :-1], x[:, 1:])
+    a = float(getattr(R, "alpha", 0.5))
+    U = _stacked_control(control, [(j + a) * dt for j in range(q.shape[1] - 1)], q)
+    _set_control(model, U)
+    dq, dp = model.vector_field(base[..., :n], base[..., n:], 0.0)
+    r = tangent - dt * torch.cat([dq, dp], -1)
+    return (r * r).mean() / (dt * dt)
+
+
+def forced_derivative_loss(model, q: Tensor, p: Tensor, dq: Tensor, dp: Tensor, *, dt: float = 1.0,
+                           control=None) -> Tensor:
+    r"""Derivative matching ½ mean |(X_{H_θ} + F_θ^v)(x_j) − (dq, dp)_j|² at the observed states of
+    windows ``(N, L, n)``; a callable control is evaluated at t_j = j·dt."""
+    check_data(q, p, dq, dp, names=("q", "p", "dq", "dp"), ndim=3)
+    U = _stacked_control(control, [j * dt for j in range(q.shape[1])], q)
+    _set_control(model, U)
+    fq, fp = model.vector_field(q, p, 0.0)
+    eq, ep = fq - dq, fp - dp
+    return 0.5 * ((eq * eq).mean() + (ep * ep).mean())
