@@ -10,6 +10,8 @@ from .systems import Hamiltonian, ODESystem, SeparableHamiltonian, System, Vecto
 from .integrators import (METHODS, TABLES, CoefficientTable, Composition, CotangentLiftIntegrator,
                           Integrator, get_method)
 from .integrators.first_order import FIRST_ORDER_METHODS, FirstOrderIntegrator, theta
+from .integrators.splitting import (SPLITTING_METHODS, ProcessedSplitting, Splitting, SymplecticDIRK,
+                                    compose)
 from .integrators.sode import SODE_METHODS, DiscreteSODE, Newmark, NewmarkMap, TangentLiftSODE
 from .integrators.variational import VARIATIONAL_METHODS, DiscreteEulerLagrange, VariationalIntegrator
 from .lagrangian import (ComposedDiscreteLagrangian, DegenerateLagrangianError, DiscreteLagrangian,
@@ -31,4 +33,5 @@ __all__ = [
     "VARIATIONAL_METHODS", "DiscreteEulerLagrange", "VariationalIntegrator",
     "DiscreteLagrangian", "ComposedDiscreteLagrangian", "DegenerateLagrangianError", "Lagrangian", "MechanicalLagrangian", "SecondOrderSystem",
     "FirstOrderIntegrator", "FIRST_ORDER_METHODS", "theta", "odeint", "odeint_adjoint",
+    "SPLITTING_METHODS", "Splitting", "ProcessedSplitting", "SymplecticDIRK", "compose",
 ]

@@ -105,7 +105,7 @@ import torch
 import torchdiffeq
 from torchdiffeq._impl.odeint import SOLVERS as _TORCHDIFFEQ_SOLVERS
 
-from .integrators import METHODS, Composition, CotangentLiftIntegrator, Integrator
+from .integrators import METHODS, SPLITTING_METHODS, Composition, CotangentLiftIntegrator, Integrator
 from .integrators.first_order import FIRST_ORDER_METHODS, FirstOrderIntegrator, theta
 from .gradients import not_reversible
 from .rollout import GRAD_MODES, run_loop
@@ -431,6 +431,8 @@ def _resolve_method(method, y0, options):
     """('partitioned' | 'first_order', the integrator to configure)."""
     if isinstance(method, Integrator):
         return ("first_order" if getattr(method, "first_order", False) else "partitioned"), method
+    if isinstance(method, str) and method not in GEOMETRIC_METHODS and method in SPLITTING_METHODS:
+        return "partitioned", SPLITTING_METHODS[method]     # explicit splittings (separable)
     if not isinstance(method, str) or method not in GEOMETRIC_METHODS:
         raise ValueError(f"unknown method {method!r}; known methods: {_all_methods()}")
     if method == "theta":
@@ -460,6 +462,8 @@ def _configured(integrator, tol, solver, max_iter):
 
 
 def _rebuild(m, tol, solver, max_iter):
+    if getattr(m, "configured", None) is not None:   # an integrator that configures itself
+        return m.configured(tol, solver, max_iter)
     if isinstance(m, (FirstOrderIntegrator, CotangentLiftIntegrator)):
         kw = dict(solver=solver or m.solver, tol=tol,
                   max_iter=m.max_iter if max_iter is None else max_iter,

@@ -5,6 +5,7 @@ from ..maps import AlphaMap
 from .base import Integrator
 from .composition import TABLES, CoefficientTable, Composition
 from .cotangent import CotangentLiftIntegrator
+from .splitting import SPLITTING_METHODS, ProcessedSplitting, Splitting
 
 
 def _build_methods() -> dict[str, Integrator]:
@@ -33,15 +34,17 @@ def get_method(method, *, first_order: bool = False) -> Integrator:
     from .variational import VARIATIONAL_METHODS
     if isinstance(method, Integrator):
         return method
-    tables = [FIRST_ORDER_METHODS] if first_order else [METHODS, SODE_METHODS, VARIATIONAL_METHODS]
+    tables = ([FIRST_ORDER_METHODS] if first_order
+              else [METHODS, SPLITTING_METHODS, SODE_METHODS, VARIATIONAL_METHODS])
     for table in tables:
         if isinstance(method, str) and method in table:
             return table[method]
     table = tables[0]
     raise ValueError(f"unknown {'first-order ' if first_order else ''}method {method!r}; known methods: "
-                     f"{', '.join(sorted(table))}, or pass an Integrator "
+                     f"{', '.join(sorted(table))}{'' if first_order else ', ' + ', '.join(SPLITTING_METHODS)}, "
+                     "or pass an Integrator "
                      "(e.g. CotangentLiftIntegrator(AlphaMap(0.3)))")
 
 
 __all__ = ["METHODS", "Integrator", "CotangentLiftIntegrator", "Composition", "CoefficientTable",
-           "TABLES", "get_method"]
+           "TABLES", "get_method", "SPLITTING_METHODS", "Splitting", "ProcessedSplitting"]
