@@ -319,7 +319,7 @@ class Splitting(Integrator):
         for kind, _ in ops:
             if kind not in ("K", "D"):
                 raise ValueError(f"operation kinds are 'K' (kick) and 'D' (drift), got {kind!r}")
-        kicks, drifts = _merge([(k, c) for k, c in ops])
+        kicks, drifts = _merge([(k, float(c)) for k, c in ops if c != 0.0])   # zero flows: none
         return cls(kicks, drifts, **kw)
 
     @classmethod
@@ -394,8 +394,10 @@ class ProcessedSplitting(Integrator):
         self.generic_order = lie_order(ops)
         self.kernel_order = kernel.generic_order
         self.symplectic = True
-        self.symmetric = kernel.symmetric
-        if self.symmetric and self.generic_order % 2:
+        # π_{−h} ≠ π_h: ψ_{−h} ∘ ψ_h ≠ id even for a symmetric kernel (its order is still even:
+        # ψ is conjugate to the symmetric K)
+        self.symmetric = False
+        if kernel.symmetric and self.generic_order % 2:
             self.generic_order -= 1
         if order is not None and order > self.generic_order:
             k = self.generic_order + 1
@@ -471,8 +473,9 @@ class ProcessedSplitting(Integrator):
         return step
 
     def adjoint(self):
-        return ProcessedSplitting(self.kernel.adjoint(), self.processor, order=self.order,
-                                  name=f"{self.name}_adjoint")
+        """ψ*_h = ψ_{−h}⁻¹ = π_{−h} ∘ K*_h ∘ π_{−h}⁻¹: the adjoint kernel, the processor at −h."""
+        return ProcessedSplitting(self.kernel.adjoint(), [(k, -c) for k, c in self.processor],
+                                  order=self.order, name=f"{self.name}_adjoint")
 
 
 def _scaled(table, h):

@@ -1,0 +1,226 @@
+"""Work–precision of the splitting and composition methods: energy and position error against
+force evaluations and wall time, every method of ``tgi.SPLITTING_METHODS`` and the compositions
+of Verlet in ``tgi.METHODS``.
+
+    python -m experiments.bench.splitting_wp [--quick] [--problems kepler outer_solar_system]
+
+Problems (HLW I.2.3 data, analytic gradients): the outer solar system over T = 10⁵ days and
+Kepler e = 0.6 over T = 200 (≈ 32 periods).  For each method the step is h = s / r with s its
+force evaluations per step and r force evaluations per unit time on a geometric grid, so runs
+are compared at equal work.  Energy error: max over 100 equally spaced saved states of
+|H − H₀| / |H₀|; position error: max over bodies of |q(T) − q_ref(T)| / max |q_ref(T)| against
+scipy's DOP853 at rtol = atol = 1e-13 (≈ 1e-12 accurate, the floor).  Force evaluations are
+counted by the potential gradient itself (every call, FSAL, processing included); wall time is
+one eager rollout (1 CPU thread) with no saving beyond the 100 states.  A method stops once its
+energy error is below 1e-13 or one run takes longer than the budget.
+
+Writes results/bench/splitting_wp.{md,json} and splitting_wp_<problem>.png.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+import torchgeo_int as tgi
+
+from . import common
+from .work_precision import cost_at
+
+BASELINES = ["verlet", "yoshida4", "suzuki4", "yoshida6", "kahan_li6", "yoshida8", "kahan_li8"]
+SETTINGS = {
+    "outer_solar_system": dict(T=1e5, rates=(0.01, 4.0), budget=20.0),
+    "kepler": dict(T=200.0, rates=(1.0, 800.0), budget=8.0),
+}
+QUICK = {
+    "outer_solar_system": dict(T=2e3, rates=(0.05, 0.4), budget=2.0),
+    "kepler": dict(T=10.0, rates=(5.0, 40.0), budget=1.0),
+}
+TARGETS = (1e-6, 1e-10)
+SAVES = 100
+
+
+def evaluations_per_step(m) -> float:
+    ev = getattr(m, "evaluations", None)
+    if ev is not None:
+        return float(ev)
+    kicks = m.splitting()[0]
+    n = sum(1 for a in kicks if a != 0.0)
+    return float(n - 1 if kicks[0] != 0.0 and kicks[-1] != 0.0 else n)
+
+
+def counted(problem):
+    """The problem's system with a force counter in its potential gradient (the bound loops
+    call it directly: the counter costs ~0.1 µs a call)."""
+    inner = problem.system
+    calls = [0]
+
+    def grad(q):
+        calls[0] += 1
+        return inner.potential_grad(q)
+
+    system = tgi.SeparableHamiltonian(inner.kinetic, inner.potential, kinetic_grad=inner.kinetic_grad,
+                                      potential_grad=grad)
+    return system, calls
+
+
+def run_method(problem, name, T, rates, budget, n_rates=None):
+    m = tgi.get_method(name)
+    s = evaluations_per_step(m)
+    system, calls = counted(problem)
+    qr, pr = common.reference(problem, T)
+    E0 = float(problem.energy(problem.q0, problem.p0))
+    r0, r1 = rates
+    k = n_rates or int(round(2 * math.log2(r1 / r0))) + 1
+    rows = []
+    for r in np.geomspace(r0, r1, k):
+        N = max(SAVES, int(round(T * r / s / SAVES)) * SAVES)   # a multiple of the saves
+        h = T / N
+        calls[0] = 0
+        try:
+            with torch.no_grad():
+                (q, p), sec = common.timed(lambda: tgi.rollout(system, problem.q0, problem.p0, h=h,
+                                                               steps=N, method=m,
+                                                               save_every=N // SAVES))
+        except FloatingPointError:
+            rows.append(dict(N=N, h=h, failed="non-finite"))
+            continue
+        E = problem.energy(q, p)
+        energy = float(((E - E0).abs() / abs(E0)).max())
+        rows.append(dict(N=N, h=h, evals=calls[0], seconds=sec, energy_error=energy,
+                         position_error=common.position_error(q[-1], qr)))
+        if energy < 1e-13 or sec > budget:
+            break
+    return rows
+
+
+def sweep(problem_name, settings, names, args):
+    problem = common.PROBLEMS[problem_name]()
+    out = {}
+    for name in common.progress(names, args=args, desc=f"splitting work-precision {problem_name}"):
+        out[name] = run_method(problem, name, settings["T"], settings["rates"], settings["budget"],
+                               n_rates=3 if args.quick else None)
+    return out
+
+
+def summary(results):
+    rows = []
+    for name, pts in results.items():
+        m = tgi.get_method(name)
+        ok = [r for r in pts if "energy_error" in r]
+        row = dict(method=name, order=m.order, evals_per_step=evaluations_per_step(m),
+                   kind=("processed" if isinstance(m, tgi.ProcessedSplitting) else
+                         "new" if name in tgi.SPLITTING_METHODS else "existing"))
+        for t in TARGETS:
+            e_rows = [dict(error=r["energy_error"], evals=r["evals"], seconds=r["seconds"]) for r in ok]
+            x_rows = [dict(error=r["position_error"], evals=r["evals"], seconds=r["seconds"]) for r in ok]
+            row[f"evals_energy_{t:g}"] = cost_at(e_rows, t, "evals")
+            row[f"seconds_energy_{t:g}"] = cost_at(e_rows, t, "seconds")
+            row[f"evals_position_{t:g}"] = cost_at(x_rows, t, "evals")
+        rows.append(row)
+    return rows
+
+
+def equal_work(results, name, ref="verlet"):
+    """Energy error of ``ref`` over that of ``name`` at ``name``'s evaluation counts (log-log
+    interpolation of ref's curve), per point: how many times smaller name's error is."""
+    a = sorted((r["evals"], r["energy_error"]) for r in results[ref] if "energy_error" in r)
+    out = []
+    for r in results[name]:
+        if "energy_error" not in r:
+            continue
+        x = r["evals"]
+        for (x1, e1), (x2, e2) in zip(a, a[1:]):
+            if x1 <= x <= x2:
+                w = (math.log(x) - math.log(x1)) / (math.log(x2) - math.log(x1))
+                e = math.exp(math.log(e1) + w * (math.log(e2) - math.log(e1)))
+                out.append(dict(evals=x, ratio=e / r["energy_error"]))
+    return out
+
+
+def plot(problem_name, results, path, T):
+    plt = common.plt()
+    fig, axes = plt.subplots(1, 3, figsize=(19, 6), sharey=False)
+    cmap = plt.get_cmap("tab20")
+    for i, (name, pts) in enumerate(results.items()):
+        ok = [r for r in pts if "energy_error" in r and r["energy_error"] > 0]
+        if not ok:
+            continue
+        kind = ("-" if name in tgi.SPLITTING_METHODS else ":")
+        style = dict(marker="o", ms=3, color=cmap(i % 20), label=name, lw=1.6 if kind == "-" else 1.0)
+        axes[0].loglog([r["evals"] for r in ok], [r["energy_error"] for r in ok], kind, **style)
+        axes[1].loglog([r["seconds"] for r in ok], [r["energy_error"] for r in ok], kind, **style)
+        axes[2].loglog([r["evals"] for r in ok], [max(r["position_error"], 1e-16) for r in ok], kind, **style)
+    axes[0].set_xlabel("force evaluations")
+    axes[1].set_xlabel("wall time [s] (1 CPU thread, eager)")
+    axes[2].set_xlabel("force evaluations")
+    axes[0].set_ylabel("max relative energy error")
+    axes[1].set_ylabel("max relative energy error")
+    axes[2].set_ylabel(f"relative position error at T = {T:g}")
+    for ax in axes:
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7, ncol=2, loc="lower left")
+    fig.suptitle(f"splitting methods, {problem_name} (solid: new tables, dotted: compositions "
+                 "of Verlet already in METHODS)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None):
+    ap = common.parser(__doc__)
+    ap.add_argument("--problems", nargs="+", default=["outer_solar_system", "kepler"],
+                    choices=sorted(SETTINGS))
+    ap.add_argument("--methods", nargs="+", default=None)
+    args = ap.parse_args(argv)
+    out = common.setup(args)
+    names = args.methods or (BASELINES + list(tgi.SPLITTING_METHODS))
+    settings = QUICK if args.quick else SETTINGS
+    data, sections = {}, []
+    for pname in args.problems:
+        s = settings[pname]
+        results = sweep(pname, s, names, args)
+        rows = summary(results)
+        plot(pname, results, out / f"splitting_wp_{pname}.png", s["T"])
+        cols = [("method", "method"), ("kind", "kind"), ("order", "order"),
+                ("evals_per_step", "evals/step")]
+        for t in TARGETS:
+            cols += [(f"evals_energy_{t:g}", f"evals @ ΔE {t:g}"),
+                     (f"seconds_energy_{t:g}", f"s @ ΔE {t:g}")]
+        cols += [(f"evals_position_{t:g}", f"evals @ Δq {t:g}") for t in TARGETS]
+        rows.sort(key=lambda r: (r["evals_energy_1e-10"] is None, r["evals_energy_1e-10"] or 0))
+        text = common.markdown_table(rows, cols)
+        checks = goals(results, rows) if pname == "outer_solar_system" else {}
+        if checks:
+            text += "\n\n" + "\n".join(f"* {k}: {v}" for k, v in checks.items())
+        sections.append((f"{pname} (T = {s['T']:g})", text))
+        data[pname] = dict(results=results, summary=rows, goals=checks)
+        print(f"\n## {pname}\n{text}")
+    common.write(out, "splitting_wp", "Work–precision of splitting methods", sections, data)
+    return data
+
+
+def goals(results, rows):
+    by = {r["method"]: r for r in rows}
+    key = "evals_energy_1e-10"
+    new = [r for r in rows if r["kind"] != "existing" and r[key]]
+    out = {}
+    if new and by.get("yoshida4", {}).get(key) and by.get("kahan_li8", {}).get(key):
+        best = min(new, key=lambda r: r[key])
+        out["best new method at ΔE = 1e-10"] = (
+            f"{best['method']}: {best[key]:.4g} evals; yoshida4 {by['yoshida4'][key]:.4g} "
+            f"({by['yoshida4'][key] / best[key]:.2f}× more), kahan_li8 {by['kahan_li8'][key]:.4g} "
+            f"({by['kahan_li8'][key] / best[key]:.2f}× more)")
+    if "verlet" in results:
+        for n in (f"saba{i}" for i in range(1, 5)):
+            if n in results:
+                ratios = [x["ratio"] for x in equal_work(results, n)]
+                if ratios:
+                    out[f"{n} vs verlet at equal evaluations (T+V split)"] = (
+                        f"verlet's energy error / {n}'s: {min(ratios):.3g} … {max(ratios):.3g}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
