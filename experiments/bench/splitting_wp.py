@@ -30,13 +30,18 @@ from .work_precision import cost_at
 
 BASELINES = ["verlet", "yoshida4", "suzuki4", "yoshida6", "kahan_li6", "yoshida8", "kahan_li8"]
 SETTINGS = {
-    "outer_solar_system": dict(T=1e5, rates=(0.01, 4.0), budget=20.0),
-    "kepler": dict(T=200.0, rates=(1.0, 800.0), budget=8.0),
+    "outer_solar_system": dict(T=1e5, rates=(0.01, 2.56), budget=6.0,
+                               wh_rates=(0.0025, 0.16), wh_budget=12.0),
+    "kepler": dict(T=100.0, rates=(1.0, 512.0), budget=4.0),
 }
 QUICK = {
-    "outer_solar_system": dict(T=2e3, rates=(0.05, 0.4), budget=2.0),
-    "kepler": dict(T=10.0, rates=(5.0, 40.0), budget=1.0),
+    "outer_solar_system": dict(T=2e3, rates=(0.05, 0.2), budget=2.0, wh_rates=(0.02, 0.08),
+                               wh_budget=2.0),
+    "kepler": dict(T=10.0, rates=(5.0, 20.0), budget=1.0),
 }
+#: Near-integrable runs (outer solar system): the table run with Kepler drifts in Jacobi
+#: coordinates (torchgeo_int.integrators.wisdom_holman), the ε-dependent advantage of SABA_n.
+WH_TABLES = ["verlet", "saba1", "saba2", "saba3", "saba4", "sbab2", "sbab3"]
 TARGETS = (1e-6, 1e-10)
 SAVES = 100
 
@@ -72,7 +77,7 @@ def run_method(problem, name, T, rates, budget, n_rates=None):
     qr, pr = common.reference(problem, T)
     E0 = float(problem.energy(problem.q0, problem.p0))
     r0, r1 = rates
-    k = n_rates or int(round(2 * math.log2(r1 / r0))) + 1
+    k = n_rates or int(round(math.log2(r1 / r0))) + 1            # r doubling
     rows = []
     for r in np.geomspace(r0, r1, k):
         N = max(SAVES, int(round(T * r / s / SAVES)) * SAVES)   # a multiple of the saves
@@ -95,23 +100,76 @@ def run_method(problem, name, T, rates, budget, n_rates=None):
     return rows
 
 
+def run_wh(problem, table, T, rates, budget, n_rates=None):
+    """Like :func:`run_method`, for ``NearIntegrable(table)`` on the Jacobi N-body system."""
+    from torchgeo_int.integrators.wisdom_holman import JacobiNBody, NearIntegrable
+
+    G, masses, *_ = common.load_outer_solar_system()
+    m = NearIntegrable(table)
+    calls = [0]
+
+    class Counted(JacobiNBody):
+        def interaction_grad(self, qj):
+            calls[0] += 1
+            return super().interaction_grad(qj)
+
+    system = Counted(masses, G, potential_grad=problem.system.potential_grad)
+    qj0, pj0 = system.to_jacobi(problem.q0, problem.p0)
+    qr, _ = common.reference(problem, T)
+    E0 = float(problem.energy(problem.q0, problem.p0))
+    r0, r1 = rates
+    rows = []
+    for r in np.geomspace(r0, r1, n_rates or int(round(math.log2(r1 / r0))) + 1):
+        N = max(SAVES, int(round(T * r / m.evaluations / SAVES)) * SAVES)
+        h = T / N
+        calls[0] = 0
+        try:
+            with torch.no_grad():
+                (q, p), sec = common.timed(lambda: tgi.rollout(system, qj0, pj0, h=h, steps=N, method=m,
+                                                               save_every=N // SAVES))
+        except (FloatingPointError, ValueError) as err:
+            rows.append(dict(N=N, h=h, failed=type(err).__name__))
+            continue
+        energy = float(((system.energy(q, p) - E0).abs() / abs(E0)).max())
+        qx, _ = system.from_jacobi(q[-1], p[-1])
+        rows.append(dict(N=N, h=h, evals=calls[0], seconds=sec, energy_error=energy,
+                         position_error=common.position_error(qx, qr)))
+        if energy < 1e-13 or sec > budget:
+            break
+    return rows
+
+
 def sweep(problem_name, settings, names, args):
     problem = common.PROBLEMS[problem_name]()
     out = {}
     for name in common.progress(names, args=args, desc=f"splitting work-precision {problem_name}"):
         out[name] = run_method(problem, name, settings["T"], settings["rates"], settings["budget"],
                                n_rates=3 if args.quick else None)
+    if "wh_rates" in settings and not args.no_wh:
+        for table in common.progress(WH_TABLES, args=args, desc="near-integrable (Kepler drifts)"):
+            out[f"wh_{table}"] = run_wh(problem, table, settings["T"], settings["wh_rates"],
+                                        settings["wh_budget"], n_rates=2 if args.quick else None)
     return out
+
+
+def _method(name):
+    if name.startswith("wh_"):
+        from torchgeo_int.integrators.wisdom_holman import NearIntegrable
+        return NearIntegrable(name[3:])
+    return tgi.get_method(name)
 
 
 def summary(results):
     rows = []
     for name, pts in results.items():
-        m = tgi.get_method(name)
+        m = _method(name)
         ok = [r for r in pts if "energy_error" in r]
         row = dict(method=name, order=m.order, evals_per_step=evaluations_per_step(m),
-                   kind=("processed" if isinstance(m, tgi.ProcessedSplitting) else
+                   kind=("Kepler drift (Jacobi)" if name.startswith("wh_") else
+                         "processed" if isinstance(m, tgi.ProcessedSplitting) else
                          "new" if name in tgi.SPLITTING_METHODS else "existing"))
+        if name.startswith("wh_"):
+            row["order"] = f"{m.order} (ε: {m.epsilon_order})"
         for t in TARGETS:
             e_rows = [dict(error=r["energy_error"], evals=r["evals"], seconds=r["seconds"]) for r in ok]
             x_rows = [dict(error=r["position_error"], evals=r["evals"], seconds=r["seconds"]) for r in ok]
@@ -147,7 +205,7 @@ def plot(problem_name, results, path, T):
         ok = [r for r in pts if "energy_error" in r and r["energy_error"] > 0]
         if not ok:
             continue
-        kind = ("-" if name in tgi.SPLITTING_METHODS else ":")
+        kind = ("--" if name.startswith("wh_") else "-" if name in tgi.SPLITTING_METHODS else ":")
         style = dict(marker="o", ms=3, color=cmap(i % 20), label=name, lw=1.6 if kind == "-" else 1.0)
         axes[0].loglog([r["evals"] for r in ok], [r["energy_error"] for r in ok], kind, **style)
         axes[1].loglog([r["seconds"] for r in ok], [r["energy_error"] for r in ok], kind, **style)
@@ -162,7 +220,7 @@ def plot(problem_name, results, path, T):
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=7, ncol=2, loc="lower left")
     fig.suptitle(f"splitting methods, {problem_name} (solid: new tables, dotted: compositions "
-                 "of Verlet already in METHODS)")
+                 "of Verlet already in METHODS, dashed: Kepler drifts in Jacobi coordinates)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -173,6 +231,7 @@ def main(argv=None):
     ap.add_argument("--problems", nargs="+", default=["outer_solar_system", "kepler"],
                     choices=sorted(SETTINGS))
     ap.add_argument("--methods", nargs="+", default=None)
+    ap.add_argument("--no-wh", action="store_true", help="skip the near-integrable (Kepler drift) runs")
     args = ap.parse_args(argv)
     out = common.setup(args)
     names = args.methods or (BASELINES + list(tgi.SPLITTING_METHODS))
@@ -197,7 +256,8 @@ def main(argv=None):
         sections.append((f"{pname} (T = {s['T']:g})", text))
         data[pname] = dict(results=results, summary=rows, goals=checks)
         print(f"\n## {pname}\n{text}")
-    common.write(out, "splitting_wp", "Work–precision of splitting methods", sections, data)
+    stem = "splitting_wp" + ("_" + args.problems[0] if len(args.problems) == 1 else "")
+    common.write(out, stem, "Work–precision of splitting methods", sections, data)
     return data
 
 
@@ -213,11 +273,12 @@ def goals(results, rows):
             f"({by['yoshida4'][key] / best[key]:.2f}× more), kahan_li8 {by['kahan_li8'][key]:.4g} "
             f"({by['kahan_li8'][key] / best[key]:.2f}× more)")
     if "verlet" in results:
-        for n in (f"saba{i}" for i in range(1, 5)):
+        for n in [f"saba{i}" for i in range(1, 5)] + [f"wh_saba{i}" for i in range(1, 5)]:
             if n in results:
                 ratios = [x["ratio"] for x in equal_work(results, n)]
                 if ratios:
-                    out[f"{n} vs verlet at equal evaluations (T+V split)"] = (
+                    split = "H_Kepler + H_interaction" if n.startswith("wh_") else "T+V split"
+                    out[f"{n} ({split}) vs verlet (T+V) at equal evaluations"] = (
                         f"verlet's energy error / {n}'s: {min(ratios):.3g} … {max(ratios):.3g}")
     return out
 
