@@ -5,20 +5,24 @@ of Verlet in ``tgi.METHODS``.
     python -m experiments.bench.splitting_wp [--quick] [--problems kepler outer_solar_system]
 
 Problems (HLW I.2.3 data, analytic gradients): the outer solar system over T = 10⁵ days and
-Kepler e = 0.6 over T = 200 (≈ 32 periods).  For each method the step is h = s / r with s its
+Kepler e = 0.6 over T = 50 (≈ 8 periods).  For each method the step is h = s / r with s its
 force evaluations per step and r force evaluations per unit time on a geometric grid, so runs
 are compared at equal work.  Energy error: max over 100 equally spaced saved states of
 |H − H₀| / |H₀|; position error: max over bodies of |q(T) − q_ref(T)| / max |q_ref(T)| against
 scipy's DOP853 at rtol = atol = 1e-13 (≈ 1e-12 accurate, the floor).  Force evaluations are
 counted by the potential gradient itself (every call, FSAL, processing included); wall time is
-one eager rollout (1 CPU thread) with no saving beyond the 100 states.  A method stops once its
-energy error is below 1e-13 or one run takes longer than the budget.
+one eager rollout (1 CPU thread) with no saving beyond the 100 states.  A method's sweep (r
+doubling) stops once its energy error is below 1e-11 or its CPU budget is spent.  The
+near-integrable rows (``wh_*``, outer solar system) run the tables with exact Kepler drifts in
+Jacobi coordinates (:mod:`torchgeo_int.integrators.wisdom_holman`), a force evaluation being
+one ∂H_I/∂q'.
 
 Writes results/bench/splitting_wp.{md,json} and splitting_wp_<problem>.png.
 """
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import torch
@@ -30,9 +34,9 @@ from .work_precision import cost_at
 
 BASELINES = ["verlet", "yoshida4", "suzuki4", "yoshida6", "kahan_li6", "yoshida8", "kahan_li8"]
 SETTINGS = {
-    "outer_solar_system": dict(T=1e5, rates=(0.01, 2.56), budget=6.0,
-                               wh_rates=(0.0025, 0.16), wh_budget=12.0),
-    "kepler": dict(T=100.0, rates=(1.0, 512.0), budget=4.0),
+    "outer_solar_system": dict(T=1e5, rates=(0.01, 2.56), budget=10.0,
+                               wh_rates=(0.0025, 0.04), wh_budget=8.0),
+    "kepler": dict(T=50.0, rates=(2.0, 1024.0), budget=4.0),
 }
 QUICK = {
     "outer_solar_system": dict(T=2e3, rates=(0.05, 0.2), budget=2.0, wh_rates=(0.02, 0.08),
@@ -44,6 +48,9 @@ QUICK = {
 WH_TABLES = ["verlet", "saba1", "saba2", "saba3", "saba4", "sbab2", "sbab3"]
 TARGETS = (1e-6, 1e-10)
 SAVES = 100
+#: a method's sweep ends below this energy error (past the 1e-10 target) or after its CPU budget
+#: (seconds of process time for the whole sweep: wall time on a shared machine says little)
+STOP = 1e-11
 
 
 def evaluations_per_step(m) -> float:
@@ -78,7 +85,7 @@ def run_method(problem, name, T, rates, budget, n_rates=None):
     E0 = float(problem.energy(problem.q0, problem.p0))
     r0, r1 = rates
     k = n_rates or int(round(math.log2(r1 / r0))) + 1            # r doubling
-    rows = []
+    rows, cpu0 = [], time.process_time()
     for r in np.geomspace(r0, r1, k):
         N = max(SAVES, int(round(T * r / s / SAVES)) * SAVES)   # a multiple of the saves
         h = T / N
@@ -95,7 +102,7 @@ def run_method(problem, name, T, rates, budget, n_rates=None):
         energy = float(((E - E0).abs() / abs(E0)).max())
         rows.append(dict(N=N, h=h, evals=calls[0], seconds=sec, energy_error=energy,
                          position_error=common.position_error(q[-1], qr)))
-        if energy < 1e-13 or sec > budget:
+        if energy < STOP or time.process_time() - cpu0 > budget:
             break
     return rows
 
@@ -118,7 +125,7 @@ def run_wh(problem, table, T, rates, budget, n_rates=None):
     qr, _ = common.reference(problem, T)
     E0 = float(problem.energy(problem.q0, problem.p0))
     r0, r1 = rates
-    rows = []
+    rows, cpu0 = [], time.process_time()
     for r in np.geomspace(r0, r1, n_rates or int(round(math.log2(r1 / r0))) + 1):
         N = max(SAVES, int(round(T * r / m.evaluations / SAVES)) * SAVES)
         h = T / N
@@ -134,7 +141,7 @@ def run_wh(problem, table, T, rates, budget, n_rates=None):
         qx, _ = system.from_jacobi(q[-1], p[-1])
         rows.append(dict(N=N, h=h, evals=calls[0], seconds=sec, energy_error=energy,
                          position_error=common.position_error(qx, qr)))
-        if energy < 1e-13 or sec > budget:
+        if energy < STOP or time.process_time() - cpu0 > budget:
             break
     return rows
 
@@ -145,6 +152,8 @@ def sweep(problem_name, settings, names, args):
     for name in common.progress(names, args=args, desc=f"splitting work-precision {problem_name}"):
         out[name] = run_method(problem, name, settings["T"], settings["rates"], settings["budget"],
                                n_rates=3 if args.quick else None)
+        if args.no_progress:
+            print(f"{problem_name} {name}: {len(out[name])} runs", flush=True)
     if "wh_rates" in settings and not args.no_wh:
         for table in common.progress(WH_TABLES, args=args, desc="near-integrable (Kepler drifts)"):
             out[f"wh_{table}"] = run_wh(problem, table, settings["T"], settings["wh_rates"],

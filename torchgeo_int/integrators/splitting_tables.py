@@ -6,6 +6,11 @@ first to last.  Where a paper tabulates a coefficient that consistency fixes (a 
 table computes it (Σ = 1 exactly) and ``tests/test_splitting.py`` compares it with the printed
 digits; every table's coefficients are compared there digit by digit with the published values.
 
+Digits: Blanes–Moan, McLachlan (1995) S4/SS5/SS9 and SB3A as transcribed in Principia's
+``integrators/methods.hpp`` and boost.odeint (which cite the papers); McLachlan–Atela, McAte8
+(= SS15), Ruth3, Sofroniou–Spaletta from OrdinaryDiffEq.jl's ``symplectic_tableaus.jl``; the
+processed methods from the coefficient listing accompanying Blanes, Casas & Murua (2024).
+
 ``rkn=True``: a Runge–Kutta–Nyström method, of the stated order only for T quadratic in p (every
 problem of this library's benchmarks; ``Splitting.generic_order`` is its order for a general
 split).  The near-integrable SABA_n / SBAB_n (Laskar & Robutel 2001) are order 2 in general and
@@ -78,8 +83,9 @@ def _verlet_ops(gammas):
 
 # Blanes, Casas & Murua, SIAM J. Sci. Comput. 27 (2006) 1817–1843, and Blanes (2001) via
 # Blanes, Casas & Murua, Acta Numerica 33 (2024), Table 8.1 (arXiv:2401.01722): symmetric
-# compositions of Verlet (kernel) with a processor π = S_{−g_n h} ∘ … ∘ S_{−g_1 h} (the
-# g_i tabulated; Σg = 0 and g_{n+1−i} = −g_i).
+# compositions of Verlet (kernel) with a processor π = S_{−g_1 h} ∘ … ∘ S_{−g_n h}, S = Verlet
+# (S_{−g_n h} applied first; the g_i as tabulated, Σg = 0 and g_{n+1−i} = −g_i): ψ = π K π⁻¹.
+# This reading is the one under which π K π⁻¹ passes the order conditions (checked at build).
 def _processor(g_first_half, first_free=True):
     """−(g_1, …, g_m, −g_1, …, −g_m) with g_1 = −Σ_{i≥2} g_i (``first_free``) or the last entry
     fixed that way, as in the source."""
@@ -181,7 +187,7 @@ def _splittings():
         Splitting,
         dict(kicks=_pal([0.0792036964311957, 0.353172906049774, -0.0420650803577195], True),
              drifts=_pal([0.209515106613362, -0.143851773179818, None])),
-        4, False, "Blanes & Moan, J. Comput. Appl. Math. 142 (2002) 313, Table 2, S6 "
+        4, False, "Blanes & Moan, J. Comput. Appl. Math. 142 (2002) 313, S6 "
                   "(6 force evaluations, any split)")
     t["blanes_moan6"] = (
         Splitting,
@@ -189,19 +195,19 @@ def _splittings():
                          -0.18805485381956900, 0.54196067845078000], True),
              drifts=_pal([0.14881644790104200, -0.13238586576778400, 0.067307604692185000,
                           0.43266640257817500, None])),
-        6, False, "Blanes & Moan (2002), Table 3, S10 (10 force evaluations, any split)")
+        6, False, "Blanes & Moan (2002), S10 (10 force evaluations, any split)")
     t["blanes_moan_rkn4"] = (
         Splitting,
         dict(kicks=_pal([0.0829844064174052, 0.396309801498368, -0.039056304922349], True),
              drifts=_pal([0.245298957184271, 0.604872665711080, None])),
-        4, True, "Blanes & Moan (2002), Table 2, SRKN_6^b (6 force evaluations, RKN)")
+        4, True, "Blanes & Moan (2002), SRKN_6^b (6 force evaluations, RKN)")
     t["blanes_moan_rkn6"] = (
         Splitting,
         dict(kicks=_pal([0.041464998518262400, 0.19812867191806700, -0.040006192104153300,
                          0.075253984301580700, -0.011511387420687900, None]),
              drifts=_pal([0.12322977594627100, 0.29055379779955800, -0.12704921262541700,
                           -0.24633176106207500, 0.35720887279592800], True)),
-        6, True, "Blanes & Moan (2002), Table 3, SRKN_11^b (11 force evaluations, RKN)")
+        6, True, "Blanes & Moan (2002), SRKN_11^b (11 force evaluations, RKN)")
     t["sofspa10"] = (Splitting.composition, dict(gammas=_pal(
         [0.07879572252168641926390768, 0.31309610341510852776481247, 0.02791838323507806610952027,
          -0.22959284159390709415121340, 0.13096206107716486317465686, -0.26973340565451071434460973,
