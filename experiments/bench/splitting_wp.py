@@ -155,8 +155,9 @@ def sweep(problem_name, settings, names, args):
         if args.no_progress:
             print(f"{problem_name} {name}: {len(out[name])} runs", flush=True)
     if "wh_rates" in settings and not args.no_wh:
-        for table in common.progress(WH_TABLES, args=args, desc="near-integrable (Kepler drifts)"):
-            out[f"wh_{table}"] = run_wh(problem, table, settings["T"], settings["wh_rates"],
+        for table in common.progress(args.wh_tables or WH_TABLES, args=args,
+                                     desc="near-integrable (Kepler drifts)"):
+            out[f"wh_{table}"] = run_wh(problem, table, settings["T"], args.wh_rates or settings["wh_rates"],
                                         settings["wh_budget"], n_rates=2 if args.quick else None)
     return out
 
@@ -242,6 +243,9 @@ def main(argv=None):
     ap.add_argument("--methods", nargs="+", default=None)
     ap.add_argument("--no-wh", action="store_true", help="skip the near-integrable (Kepler drift) runs")
     ap.add_argument("--wh-only", action="store_true", help="only the near-integrable runs")
+    ap.add_argument("--wh-tables", nargs="+", default=None, help=f"default: {' '.join(WH_TABLES)}")
+    ap.add_argument("--wh-rates", nargs=2, type=float, default=None,
+                    help="first and last force evaluations per day of the near-integrable runs")
     ap.add_argument("--replot", action="store_true",
                     help="rewrite the tables and figures from the JSON of an earlier run")
     ap.add_argument("--merge", nargs="+", default=None, metavar="DIR",
@@ -261,8 +265,11 @@ def main(argv=None):
             results = {}
             for d in (args.merge or [out]):
                 part = json.loads((pathlib.Path(d) / f"{stem}.json").read_text())["data"][pname]
-                for k, v in part["results"].items():
-                    results.setdefault(k, v)
+                for k, v in part["results"].items():   # a method's rows from several runs
+                    rows = results.setdefault(k, [])
+                    rows += [r for r in v if all(r.get("N") != x.get("N") for x in rows)]
+            for k in results:
+                results[k].sort(key=lambda r: r["N"])
         else:
             results = sweep(pname, s, names, args)
         rows = summary(results)
