@@ -209,7 +209,7 @@ def equal_work(results, name, ref="verlet"):
 
 def plot(problem_name, results, path, T):
     plt = common.plt()
-    fig, axes = plt.subplots(1, 3, figsize=(19, 6), sharey=False)
+    fig, axes = plt.subplots(1, 3, figsize=(19, 7.5), sharey=False)
     cmap = plt.get_cmap("tab20")
     for i, (name, pts) in enumerate(results.items()):
         ok = [r for r in pts if "energy_error" in r and r["energy_error"] > 0]
@@ -228,10 +228,11 @@ def plot(problem_name, results, path, T):
     axes[2].set_ylabel(f"relative position error at T = {T:g}")
     for ax in axes:
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=7, ncol=2, loc="lower left")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, ncol=10, loc="lower center")
     fig.suptitle(f"splitting methods, {problem_name} (solid: new tables, dotted: compositions "
                  "of Verlet already in METHODS, dashed: Kepler drifts in Jacobi coordinates)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
