@@ -20,6 +20,7 @@ import torchgeo_int as tgi  # noqa: E402
 from experiments import demo  # noqa: E402
 from experiments.bench import __main__ as bench_main  # noqa: E402
 from experiments.bench import common, gpu, throughput, training_cost, work_precision  # noqa: E402
+from experiments.bench import splitting_wp  # noqa: E402
 
 QUIET = ["--no-progress", "--threads", "1"]
 
@@ -50,6 +51,25 @@ def test_problems_match_the_shared_test_problems_and_their_references():
         q, p = tgi.rollout(k.system, k.q0, k.p0, h=3.0 / 600, steps=600, method="kahan_li8",
                            save_every=600)
     assert common.state_error(q[-1], p[-1], qr, pr) < 1e-10
+
+
+def test_splitting_wp_tiny(tmp_path):
+    data = splitting_wp.main(["--quick", "--problems", "outer_solar_system", "--methods", "verlet",
+                              "blanes_moan4", "processed_bcm6", "--out", str(tmp_path), *QUIET])
+    saved = _load(tmp_path, "splitting_wp_outer_solar_system")
+    assert (tmp_path / "splitting_wp_outer_solar_system.png").exists()
+    res = saved["outer_solar_system"]["results"]
+    assert {"verlet", "blanes_moan4", "processed_bcm6", "wh_saba2"} <= set(res)
+    for name, rows in res.items():
+        ok = [r for r in rows if "energy_error" in r]
+        assert ok, name
+        m = splitting_wp._method(name)
+        for r in ok:
+            # counted force evaluations: N steps × evaluations per step, plus the first FSAL
+            # force and (processed) π⁻¹ once and π at each of the 100 saved states
+            assert r["evals"] >= r["N"] * splitting_wp.evaluations_per_step(m)
+    # the Kepler-drift SABA_2 beats the T+V Verlet by far at equal force evaluations
+    assert any("wh_saba2" in k for k in data["outer_solar_system"]["goals"])
 
 
 def test_work_precision_tiny(tmp_path):

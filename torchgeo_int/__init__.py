@@ -11,6 +11,8 @@ from .systems import Hamiltonian, ODESystem, SeparableHamiltonian, System, Vecto
 from .integrators import (METHODS, TABLES, CoefficientTable, Composition, CotangentLiftIntegrator,
                           Integrator, get_method)
 from .integrators.first_order import FIRST_ORDER_METHODS, FirstOrderIntegrator, theta
+from .integrators.splitting import (SPLITTING_METHODS, ProcessedSplitting, Splitting, SymplecticDIRK,
+                                    compose)
 from .integrators.sode import SODE_METHODS, DiscreteSODE, Newmark, NewmarkMap, TangentLiftSODE
 from .integrators.variational import VARIATIONAL_METHODS, DiscreteEulerLagrange, VariationalIntegrator
 from .lagrangian import (ComposedDiscreteLagrangian, DegenerateLagrangianError, DiscreteLagrangian,
@@ -39,4 +41,5 @@ __all__ = [
     "ForcedSystem", "ForcedVariationalIntegrator", "FORCED_VARIATIONAL_METHODS", "discrete_work",
     "ConstrainedSystem", "ConstraintRankError", "Rattle", "ConstrainedVariationalIntegrator",
     "CONSTRAINED_METHODS",
+    "SPLITTING_METHODS", "Splitting", "ProcessedSplitting", "SymplecticDIRK", "compose",
 ]

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from torchdiffeq._impl.odeint import SOLVERS as TORCHDIFFEQ_SOLVERS
 
-from ..integrators import METHODS, Integrator
+from ..integrators import METHODS, SPLITTING_METHODS, Integrator
 from ..integrators.first_order import FIRST_ORDER_METHODS, theta
 from ..integrators.registry import STATES, family_of
 from .checks import PARTITIONED_ONLY
 
 PARTITIONED_METHODS: tuple[str, ...] = tuple(sorted(METHODS))
+#: explicit splittings of separable systems (state (q, p) with options['separable']=True)
+SPLITTING_METHOD_NAMES: tuple[str, ...] = tuple(sorted(SPLITTING_METHODS))
 FIRST_ORDER_METHOD_NAMES: tuple[str, ...] = tuple(sorted(FIRST_ORDER_METHODS))
 GEOMETRIC_METHODS: tuple[str, ...] = tuple(sorted(set(METHODS) | set(FIRST_ORDER_METHODS) | {"theta"}))
 
@@ -27,7 +29,7 @@ TORCHDIFFEQ_METHODS: tuple[str, ...] = delegated_names(TORCHDIFFEQ_SOLVERS)
 
 def all_methods() -> str:
     return (f"torchdiffeq's: {', '.join(TORCHDIFFEQ_METHODS)}; geometric (partitioned): "
-            f"{', '.join(PARTITIONED_METHODS)}; geometric (first-order, eq. (1)): "
+            f"{', '.join(PARTITIONED_METHODS)}; splittings (separable): {', '.join(SPLITTING_METHOD_NAMES)}; geometric (first-order, eq. (1)): "
             f"{', '.join(FIRST_ORDER_METHOD_NAMES)}, theta (options=dict(theta=θ)); or an Integrator instance")
 
 
@@ -47,6 +49,8 @@ def resolve_method(method, y0, options):
     """('partitioned' | 'first_order', the integrator to configure)."""
     if isinstance(method, Integrator):
         return ("first_order" if method.first_order else "partitioned"), method
+    if isinstance(method, str) and method not in GEOMETRIC_METHODS and method in SPLITTING_METHODS:
+        return "partitioned", SPLITTING_METHODS[method]
     if not isinstance(method, str) or method not in GEOMETRIC_METHODS:
         family = family_of(method)
         if family is not None:   # a registered method odeint's state layout cannot carry

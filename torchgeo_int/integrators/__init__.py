@@ -27,7 +27,9 @@ register("hamiltonian", METHODS, "a Hamiltonian system, state (q, p)")
 
 # the other families register themselves when built (the Lie family with torchgeo_int.manifolds)
 from . import first_order, sode, variational  # noqa: E402,F401
+from .splitting import SPLITTING_METHODS, ProcessedSplitting, Splitting  # noqa: E402
+register("splitting", SPLITTING_METHODS, "a separable Hamiltonian system, state (q, p)")
 
 
 __all__ = ["METHODS", "Integrator", "CotangentLiftIntegrator", "Composition", "CoefficientTable",
-           "TABLES", "get_method"]
+           "TABLES", "get_method", "SPLITTING_METHODS", "Splitting", "ProcessedSplitting"]
