@@ -142,6 +142,9 @@ def _state(family):
     p = 0.3 * torch.randn(2, 2, generator=gen, dtype=F64)
     if family == "hamiltonian":
         return tgi.Hamiltonian(lambda q, p: 0.5 * (p * p).sum(-1) + (1 - torch.cos(q)).sum(-1)), q, p
+    if family == "splitting":
+        return tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1),
+                                        lambda q: (1 - torch.cos(q)).sum(-1)), q, p
     if family == "first_order":
         return tgi.ODESystem(lambda t, x: torch.stack([x[..., 1], -torch.sin(x[..., 0])], -1)), q, None
     if family == "sode":
@@ -154,9 +157,10 @@ def _state(family):
     raise AssertionError(f"a new family {family!r}: give it a state here")
 
 
-@pytest.mark.parametrize("family", ["hamiltonian", "first_order", "sode", "variational", "lie"])
+@pytest.mark.parametrize("family", ["hamiltonian", "first_order", "sode", "variational", "lie",
+                                    "splitting"])
 def test_every_registered_name_reaches_rollout_and_odeint(family):
-    assert set(FAMILIES) == {"hamiltonian", "first_order", "sode", "variational", "lie"}
+    assert set(FAMILIES) == {"hamiltonian", "first_order", "sode", "variational", "lie", "splitting"}
     system, q0, p0 = _state(family)
     for name, m in FAMILIES[family].items():
         assert get_method(name, first_order=family == "first_order") is m
@@ -170,6 +174,9 @@ def test_every_registered_name_reaches_rollout_and_odeint(family):
         if family == "hamiltonian":
             y = tgi.odeint(lambda t, y: torch.cat([y[..., 2:], -torch.sin(y[..., :2])], -1),
                            torch.cat([q0, p0], -1), t, method=name)
+        elif family == "splitting":   # explicit splittings of a separable field
+            y = tgi.odeint(lambda t, y: torch.cat([y[..., 2:], -torch.sin(y[..., :2])], -1),
+                           torch.cat([q0, p0], -1), t, method=name, options=dict(separable=True))
         elif family == "first_order":
             y = tgi.odeint(lambda t, x: torch.stack([x[..., 1], -torch.sin(x[..., 0])], -1),
                            q0, t, method=name)
@@ -178,7 +185,7 @@ def test_every_registered_name_reaches_rollout_and_odeint(family):
                 tgi.odeint(lambda t, y: -y, q0, t, method=name)
             continue
         assert y.shape == (3, *y.shape[1:]) and torch.isfinite(y).all(), name
-        assert family_of(name) in ("hamiltonian", "first_order")
+        assert family_of(name) in ("hamiltonian", "first_order", "splitting")
 
 
 def test_one_error_lists_every_family():
