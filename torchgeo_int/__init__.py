@@ -16,6 +16,9 @@ from .lagrangian import (ComposedDiscreteLagrangian, DegenerateLagrangianError, 
                          Lagrangian, MechanicalLagrangian, SecondOrderSystem)
 from .rollout import rollout
 from .odeint import odeint, odeint_adjoint
+from .adaptive import (AdaptiveTrajectory, LogHamiltonian, PoincareTransform, StepControl,
+                       StepSizeCollapse, adaptive_rollout, dense_output, power_law_control,
+                       time_transformed_rollout)
 from . import distributed, manifolds, nn
 
 __version__ = "0.1.0"
@@ -31,4 +34,6 @@ __all__ = [
     "VARIATIONAL_METHODS", "DiscreteEulerLagrange", "VariationalIntegrator",
     "DiscreteLagrangian", "ComposedDiscreteLagrangian", "DegenerateLagrangianError", "Lagrangian", "MechanicalLagrangian", "SecondOrderSystem",
     "FirstOrderIntegrator", "FIRST_ORDER_METHODS", "theta", "odeint", "odeint_adjoint",
+    "adaptive_rollout", "time_transformed_rollout", "StepControl", "power_law_control",
+    "PoincareTransform", "LogHamiltonian", "AdaptiveTrajectory", "StepSizeCollapse", "dense_output",
 ]

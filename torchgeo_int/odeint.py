@@ -133,7 +133,8 @@ TORCHDIFFEQ_METHODS: tuple[str, ...] = delegated_names(_TORCHDIFFEQ_SOLVERS)
 _GRAD_OPTIONS = ("grad", "segment", "reconstruction_tol", "params")
 _COMMON = ("step_size", "batch_dims", "solver", "max_iter", "compile") + _GRAD_OPTIONS
 _PARTITIONED_ONLY = ("split", "separable", "hamiltonian")
-OPTIONS: tuple[str, ...] = _COMMON + _PARTITIONED_ONLY
+_ADAPTIVE = ("adaptive", "control", "h_min", "max_steps")   # torchgeo_int.adaptive
+OPTIONS: tuple[str, ...] = _COMMON + _PARTITIONED_ONLY + _ADAPTIVE
 _CHECK_EVERY = 64  # steps between finiteness checks (one host sync each)
 
 
@@ -351,6 +352,11 @@ def _geometric_odeint(func, y0, t, *, rtol, atol, method, options, event_fn):
     why = not_reversible(integrator, system) if grad == "reversible" else None
     if why:
         raise ValueError(_not_reversible(integrator, why))
+    if "adaptive" in options:   # reversible variable steps + dense output (torchgeo_int.adaptive)
+        if grad != "backprop" or compile:
+            raise ValueError("options['adaptive'] supports grad='backprop' without compile only")
+        from .adaptive import odeint_adaptive
+        return state.assemble(*odeint_adaptive(integrator, system, state, times, options, step_size))
     Q, P = _integrate(integrator, system, (state.q0, state.p0), times, step_size, t.dtype,
                       grad, grad_options, compile)
     return state.assemble(Q, P)
@@ -440,7 +446,7 @@ def _resolve_method(method, y0, options):
         return "first_order", theta(options["theta"])
     if method in FIRST_ORDER_METHODS:
         partitioned = (isinstance(y0, tuple) and len(y0) == 2
-                       or any(k in options for k in _PARTITIONED_ONLY))
+                       or any(k in options for k in _PARTITIONED_ONLY + _ADAPTIVE))
         if not (partitioned and method in METHODS):
             return "first_order", FIRST_ORDER_METHODS[method]
     return "partitioned", METHODS[method]
