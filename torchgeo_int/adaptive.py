@@ -12,7 +12,11 @@ Söderlind, SIAM J. Sci. Comput. 26 (2005); HLW VIII.3.2).  With a step-size den
     G(y) = −∇ log σ(y) · f(y)                  (so that dρ/dτ = G when ρ = 1/σ(y(t)), dt/dτ = 1/ρ)
 
 i.e. Hairer–Söderlind's explicit control ρ_{n+1/2} = ρ_{n−1/2} + ε G(y_n), h_{n+1/2} = ε/ρ_{n+1/2},
-with ρ carried at the nodes.  For a symmetric Φ (Φ_{−h} = Φ_h⁻¹) the step map on (y, ρ, t) is
+with ρ carried at the nodes (``form="additive"``).  The default ``form="log"`` takes the same
+half-steps on ln ρ with d ln ρ/dτ = G/ρ = G σ = −∇σ · f on the tracked manifold ρ = 1/σ:
+ln ρ ← ln ρ + (ε/2)(−∇σ · f)(y) — equally symmetric, ρ stays positive by construction, and for
+σ = r^{3/2} on Kepler −∇σ · f = O(1) near pericentre where G = O(r^{−3/2}) (the additive form
+needs a much smaller ε there before ρ_{n+1/2} turns negative).  For a symmetric Φ (Φ_{−h} = Φ_h⁻¹) the step map on (y, ρ, t) is
 symmetric: the same step with −ε inverts it, so N steps forward and N back return to the start
 to round-off (tested), and the method keeps the near-conservation of energy of a fixed-step
 symmetric method (no drift).  Any symmetric method of :data:`~torchgeo_int.METHODS` (verlet and
@@ -132,6 +136,12 @@ class StepControl:
 
     def __call__(self, q, p):
         return self.sigma(q, p) if self.uses_p else self.sigma(q)
+
+    def rate(self, system, q, p, t, state_dims, form):
+        """What the ρ half-steps add: G(y) (``form="additive"``), or G(y) σ(y) = −∇σ · f
+        (``form="log"``, added to ln ρ)."""
+        G = self.G(system, q, p, t, state_dims)
+        return G if form == "additive" else G * self(q, p)
 
     def G(self, system, q, p, t, state_dims):
         """G(y) = −∇ log σ · f(y), per sample (*batch)."""
@@ -321,7 +331,7 @@ def _as_system(system):
 def adaptive_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, control: StepControl | None = None,
                      steps: int | None = None, until: float | None = None, method="verlet",
                      t0=0.0, rho0: Tensor | None = None, save_every: int = 1, state_dims: int = 1,
-                     h_min: float = 0.0, max_steps: int = 10 ** 7,
+                     h_min: float = 0.0, max_steps: int = 10 ** 7, form: str = "log",
                      check_every: int = 64) -> AdaptiveTrajectory:
     r"""Time-reversible variable steps (module docstring): ``steps`` steps of fictive size ``eps``
     (negative: backwards), or with ``until=T`` as many as every sample needs to pass T
@@ -332,6 +342,8 @@ def adaptive_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, control: Ste
     (default 1/σ(q0, p0)); pass the ``rho[-1]`` of a run to continue it or, with −eps, to
     reverse it exactly.  ``state_dims``: trailing dims of q0 that form one sample's state
     (default 1; the leading ones are the batch, each sample with its own step sizes).
+    ``form``: ``"log"`` (default; ρ's half-steps on ln ρ) or ``"additive"`` (Hairer–Söderlind's
+    ρ + (ε/2) G), see the module docstring.
 
     Raises ValueError for a non-symmetric method or a non-positive σ at the start,
     :class:`StepSizeCollapse` when ρ_{n+1/2} ≤ 0 or non-finite (ε too large for the control) or
@@ -355,6 +367,8 @@ def adaptive_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, control: Ste
         raise ValueError(f"steps must be an int >= 0, got {steps!r}")
     if isinstance(save_every, bool) or not isinstance(save_every, int) or save_every < 1:
         raise ValueError(f"save_every must be an int >= 1, got {save_every!r}")
+    if form not in ("log", "additive"):
+        raise ValueError(f"form must be 'log' or 'additive', got {form!r}")
     control = power_law_control(1.5, state_dims) if control is None else control
     if not isinstance(control, StepControl):
         control = StepControl(control)
@@ -379,13 +393,13 @@ def adaptive_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, control: Ste
     step = integrator.bind(scaled)
     q, p = q0, p0
     qs, ps, ts, rhos = [q0], [p0], [t], [rho]
-    G = control.G(system, q, p, t, state_dims)
+    G = control.rate(system, q, p, t, state_dims, form)
     cache, s_old = None, None
     rho_min = rho_max = None
     n, tau = 0, 0.0
     limit = steps if steps is not None else max_steps
     while n < limit:
-        rho_half = rho + 0.5 * eps * G
+        rho_half = rho + 0.5 * eps * G if form == "additive" else rho * torch.exp(0.5 * eps * G)
         s = 1.0 / rho_half
         rho_min = rho_half.detach() if rho_min is None else torch.minimum(rho_min, rho_half.detach())
         rho_max = rho_half.detach() if rho_max is None else torch.maximum(rho_max, rho_half.detach())
@@ -399,8 +413,8 @@ def adaptive_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, control: Ste
         t = t + eps * s
         tau += eps
         s_old = s
-        G = control.G(system, q, p, t, state_dims)
-        rho = rho_half + 0.5 * eps * G
+        G = control.rate(system, q, p, t, state_dims, form)
+        rho = rho_half + 0.5 * eps * G if form == "additive" else rho_half * torch.exp(0.5 * eps * G)
         n += 1
         if n % save_every == 0:
             qs.append(q), ps.append(p), ts.append(t), rhos.append(rho)
@@ -606,7 +620,7 @@ def time_transformed_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, step
 
 
 # -- odeint ------------------------------------------------------------------------------------------
-ODEINT_OPTIONS = ("adaptive", "control", "h_min", "max_steps")
+ODEINT_OPTIONS = ("adaptive", "control", "h_min", "max_steps", "form")
 
 
 def odeint_adaptive(integrator, system, state, times, options, step_size):
@@ -638,13 +652,14 @@ def odeint_adaptive(integrator, system, state, times, options, step_size):
         else:
             control = StepControl(lambda q: user(user_q(q)))
     h_min = options.get("h_min", 0.0)
+    form = options.get("form", "log")
     max_steps = options.get("max_steps", 10 ** 7)
     if len(times) < 2:
         return state.q0.unsqueeze(0), state.p0.unsqueeze(0)
     direction = 1.0 if times[-1] > times[0] else -1.0
     traj = adaptive_rollout(system, state.q0, state.p0, eps=direction * step_size, control=control,
                             until=times[-1], method=integrator, t0=times[0], h_min=float(h_min),
-                            max_steps=int(max_steps))
+                            max_steps=int(max_steps), form=form)
     tt = torch.tensor(times[1:], dtype=state.q0.dtype, device=state.q0.device)
     Q, P = traj.at(tt)
     return torch.cat([state.q0.unsqueeze(0), Q]), torch.cat([state.p0.unsqueeze(0), P])

@@ -133,7 +133,7 @@ TORCHDIFFEQ_METHODS: tuple[str, ...] = delegated_names(_TORCHDIFFEQ_SOLVERS)
 _GRAD_OPTIONS = ("grad", "segment", "reconstruction_tol", "params")
 _COMMON = ("step_size", "batch_dims", "solver", "max_iter", "compile") + _GRAD_OPTIONS
 _PARTITIONED_ONLY = ("split", "separable", "hamiltonian")
-_ADAPTIVE = ("adaptive", "control", "h_min", "max_steps")   # torchgeo_int.adaptive
+_ADAPTIVE = ("adaptive", "control", "h_min", "max_steps", "form")   # torchgeo_int.adaptive
 OPTIONS: tuple[str, ...] = _COMMON + _PARTITIONED_ONLY + _ADAPTIVE
 _CHECK_EVERY = 64  # steps between finiteness checks (one host sync each)
 
