@@ -42,6 +42,10 @@ from experiments.problems import kepler_initial  # noqa: E402
 OUT = ROOT / "results" / "adaptive"
 
 
+class OverBudget(FloatingPointError):
+    pass
+
+
 # -- problems with counted force evaluations ----------------------------------------------------------
 class Counted:
     """A SeparableHamiltonian whose ∇V calls are counted (per sample: a call on a batch of b
@@ -57,10 +61,14 @@ class Counted:
                                                potential_grad=counted)
         self.potential_grad, self.energy = potential_grad, energy
 
-    def field(self):
-        """dy/dt of y = cat(q, p) for torchdiffeq, counted the same way."""
+    def field(self, limit=None):
+        """dy/dt of y = cat(q, p) for torchdiffeq, counted the same way; past ``limit``
+        evaluations it raises :class:`OverBudget` (a loose tolerance can let the orbit plunge
+        into the singularity, where an error-controlled step shrinks without end)."""
         def f(t, y):
             self.calls += 1
+            if limit is not None and self.calls > limit:
+                raise OverBudget(f"dopri5 exceeded {limit} evaluations")
             k = y.shape[-1] // 2
             q, p = y[..., :k], y[..., k:]
             return torch.cat([self.system.kinetic_grad(p), -self.potential_grad(q)], -1)
@@ -151,12 +159,12 @@ def run_fixed(prob, q0, p0, h, steps, method):
     return t.reshape(-1, *([1] * (q.dim() - 2))).expand(q.shape[:-1]), q, p
 
 
-def run_dopri5(prob, q0, p0, T, tol, n_out):
+def run_dopri5(prob, q0, p0, T, tol, n_out, limit=None):
     prob.calls = 0
     t = torch.linspace(0.0, T, n_out, dtype=q0.dtype)
     y0 = torch.cat([q0, p0], -1)
     with torch.no_grad():
-        y = tgi.odeint(prob.field(), y0, t, method="dopri5", rtol=tol, atol=tol)
+        y = tgi.odeint(prob.field(limit), y0, t, method="dopri5", rtol=tol, atol=tol)
     k = q0.shape[-1]
     return t, y[..., :k], y[..., k:]
 
@@ -167,10 +175,12 @@ def dopri5_tolerance(prob, q0, p0, T_cal, target, lo=-14.0, hi=-1.0, iters=9):
     for _ in range(iters):
         mid = 0.5 * (lo + hi)
         try:
-            run_dopri5(prob, q0, p0, T_cal, 10 ** mid, 2)
+            run_dopri5(prob, q0, p0, T_cal, 10 ** mid, 2, limit=int(20 * target))
             n = prob.calls
+        except OverBudget:
+            n = float("inf")
         except Exception:   # an underflowing step at a loose tolerance: tighten
-            n = float("inf") if mid < -10 else 0
+            n = 0
         if best is None or abs(math.log(max(n, 1) / target)) < abs(math.log(max(best[1], 1) / target)):
             best = (mid, n)
         if n > target:
@@ -239,12 +249,12 @@ def run_config(cfg, prob, q0, p0, T, budget, control, logh_eps_per_eval, T_cal):
         full = T_cal == T
         tol = dopri5_tolerance(prob, q0, p0, T_cal, budget * T_cal / T,
                                *((-12.0, -6.0, 5) if full else (-14.0, -1.0, 9)))
-        t, q, p = run_dopri5(prob, q0, p0, T, tol, min(budget, 20000))
+        t, q, p = run_dopri5(prob, q0, p0, T, tol, min(budget, 20000), limit=3 * budget)
         if not full and abs(math.log(prob.calls / budget)) > math.log(1.2):
             # the short calibration missed the budget by > 20%: one correction with the
             # asymptotic evaluations ∝ tol^{−1/5} of a fifth-order method
             tol = tol * (prob.calls / budget) ** 5
-            t, q, p = run_dopri5(prob, q0, p0, T, tol, min(budget, 20000))
+            t, q, p = run_dopri5(prob, q0, p0, T, tol, min(budget, 20000), limit=3 * budget)
         extra = dict(tol=tol)
     return t, q, p, extra
 
