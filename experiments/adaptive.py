@@ -334,8 +334,9 @@ def main(argv=None):
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--configs", nargs="+", default=CONFIGS, choices=CONFIGS,
                     help="rerun these; the others come from the saved studies in --out")
-    ap.add_argument("--studies", nargs="+", default=["kepler", "3body"], choices=["kepler", "3body"],
-                    help="rerun these; the others come from the saved studies in --out")
+    ap.add_argument("--studies", nargs="*", default=["kepler", "3body"], choices=["kepler", "3body"],
+                    help="rerun these; the others come from the saved studies in --out (none: "
+                         "only redraw the table and figure)")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
@@ -396,7 +397,7 @@ def main(argv=None):
             ax.semilogy(xe, np.maximum(ye, 1e-17), color=col, ls=ls, label=cfg, lw=1.2)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("t")
-        ax.set_ylim(1e-17, 1e1)
+        ax.set_ylim(1e-17, 1e7)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("|ΔE / E₀| (max per bin)")
     axes[0].legend(fontsize=8, loc="lower right")
