@@ -23,6 +23,9 @@ from .forced import (FORCED_VARIATIONAL_METHODS, ForcedSystem, ForcedVariational
 from ._odeint import odeint, odeint_adjoint
 from .constraints import (CONSTRAINED_METHODS, ConstrainedSystem, ConstrainedVariationalIntegrator,
                           ConstraintRankError, Rattle)
+from .adaptive import (AdaptiveTrajectory, LogHamiltonian, PoincareTransform, StepControl,
+                       StepSizeCollapse, adaptive_rollout, dense_output, power_law_control,
+                       time_transformed_rollout)
 from . import distributed, manifolds, nn
 
 __version__ = "0.1.0"
@@ -42,4 +45,6 @@ __all__ = [
     "ConstrainedSystem", "ConstraintRankError", "Rattle", "ConstrainedVariationalIntegrator",
     "CONSTRAINED_METHODS",
     "SPLITTING_METHODS", "Splitting", "ProcessedSplitting", "SymplecticDIRK", "compose",
+    "adaptive_rollout", "time_transformed_rollout", "StepControl", "power_law_control",
+    "PoincareTransform", "LogHamiltonian", "AdaptiveTrajectory", "StepSizeCollapse", "dense_output",
 ]

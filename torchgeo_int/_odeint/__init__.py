@@ -43,6 +43,16 @@ reached at the t_i — never interpolated, which would break the symplecticity (
 invariants) of the outputs.  Consecutive intervals with the same step run as one
 ``_loop.run_loop`` (their internal times agree with t to round-off).
 
+Adaptive geometric steps (partitioned methods; :mod:`torchgeo_int.adaptive`):
+``options["adaptive"] = "reversible"`` with ``step_size = ε`` runs time-reversible variable
+steps of physical size ≈ ε σ(q, p) (``options["control"]`` = σ, a callable σ(q) or σ(q, p) on
+the shapes of q0, p0 returning the batch shape; default |q|^{3/2}; ``form`` "log" | "additive";
+``h_min``; ``max_steps``) with a symmetric method, each sample of the batch in its own time,
+until all pass t[-1]; the outputs at t are cubic Hermite dense output of those steps (not on the
+symplectic trajectory, and the step sequence does not depend on t).  grad="backprop" only.
+func then receives t as a tensor of the per-sample times, of the batch shape (0-d when
+``batch_dims`` = 0).
+
 Tolerances: the implicit solves (fixed point or Newton) stop per sample when the update (or
 residual) d satisfies ||d||∞ ≤ tol·(1 + ||z||∞) with tol = min(rtol, atol), which implies the
 torchdiffeq-style test ||d||∞ ≤ atol + rtol·||z||∞; tol is clipped below at
@@ -102,6 +112,7 @@ from collections.abc import Mapping
 import torch
 import torchdiffeq
 
+from ..adaptive import odeint_adaptive
 from ..gradients import not_reversible
 from ..integrators import Integrator
 from ..systems import ODESystem
@@ -240,6 +251,10 @@ def geometric_odeint(func, y0, t, *, rtol, atol, method, options, event_fn):
     why = not_reversible(integrator, system) if grad == "reversible" else None
     if why:
         raise ValueError(reversible_refusal(integrator, why))
+    if "adaptive" in options:   # reversible variable steps + dense output (torchgeo_int.adaptive)
+        if grad != "backprop" or compile:
+            raise ValueError("options['adaptive'] supports grad='backprop' without compile only")
+        return state.assemble(*odeint_adaptive(integrator, system, state, times, options, step_size))
     Q, P = integrate(integrator, system, (state.q0, state.p0), times, step_size, t.dtype,
                       grad, grad_options, compile)
     return state.assemble(Q, P)

@@ -12,7 +12,8 @@ from ..solvers import default_tol
 GRAD_OPTIONS = ("grad", "segment", "reconstruction_tol", "params")
 COMMON = ("step_size", "batch_dims", "solver", "max_iter", "compile") + GRAD_OPTIONS
 PARTITIONED_ONLY = ("split", "separable", "hamiltonian")
-OPTIONS: tuple[str, ...] = COMMON + PARTITIONED_ONLY
+ADAPTIVE = ("adaptive", "control", "h_min", "max_steps", "form")   # torchgeo_int.adaptive
+OPTIONS: tuple[str, ...] = COMMON + PARTITIONED_ONLY + ADAPTIVE
 
 
 def check_times(t) -> list[float]:

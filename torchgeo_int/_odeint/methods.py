@@ -7,7 +7,7 @@ from torchdiffeq._impl.odeint import SOLVERS as TORCHDIFFEQ_SOLVERS
 from ..integrators import METHODS, SPLITTING_METHODS, Integrator
 from ..integrators.first_order import FIRST_ORDER_METHODS, theta
 from ..integrators.registry import STATES, family_of
-from .checks import PARTITIONED_ONLY
+from .checks import ADAPTIVE, PARTITIONED_ONLY
 
 PARTITIONED_METHODS: tuple[str, ...] = tuple(sorted(METHODS))
 #: explicit splittings of separable systems (state (q, p) with options['separable']=True)
@@ -65,7 +65,7 @@ def resolve_method(method, y0, options):
         return "first_order", theta(options["theta"])
     if method in FIRST_ORDER_METHODS:
         partitioned = (isinstance(y0, tuple) and len(y0) == 2
-                       or any(k in options for k in PARTITIONED_ONLY))
+                       or any(k in options for k in PARTITIONED_ONLY + ADAPTIVE))
         if not (partitioned and method in METHODS):
             return "first_order", FIRST_ORDER_METHODS[method]
     return "partitioned", METHODS[method]
