@@ -243,7 +243,7 @@ def test_solver_history_captured_and_args_forms_agree(tmp_path, monkeypatch):
     assert (tmp_path / "results" / "solver_history.md").stat().st_size > 0
 
 
-def test_hnn_study_shooting_arms_tiny(tmp_path, monkeypatch):
+def test_hnn_study_shooting_arms_tiny(tmp_path, monkeypatch, capsys):
     """The arms (e), (e′), (f) at a toy budget, on noisy two-body and spring: (f) reuses (e)'s
     trained model (same training seconds, same ε_H of the uncorrected model is not asserted: it
     is corrected), the shooting settings are in the report, ε_H is reported for every
@@ -278,6 +278,9 @@ def test_hnn_study_shooting_arms_tiny(tmp_path, monkeypatch):
     assert noisy["data"]["noise"] == 0.1 and noisy["shooting"]["segment"] == 7
     cmp = hnn_run.compare_rankings(rep, rep)
     assert cmp["same"] and cmp["quick"] == hnn_run.ranking(rep)
+    hnn_run.main(["--table", str(tmp_path)])                      # the README's cross-task tables
+    table = capsys.readouterr().out
+    assert "| energy mse | spring | twobody_noisy |" in table and "(×" in table
     # the noisy task's observations are the clean orbits plus noise; evaluation stays clean
     clean, obs = hnn_data.twobody(0, trajectories=10), hnn_data.twobody_noisy(0, trajectories=10)
     assert torch.equal(clean.q_eval, obs.q_eval)

@@ -226,6 +226,31 @@ def compare_rankings(quick: dict, full: dict, metric: str = "energy_mse", keys=R
     return {"metric": metric, "quick": rq, "full": rf, "same": rq == rf}
 
 
+def cross_task_table(reports: list[dict], metric: str, keys=None) -> str:
+    """A markdown table of one metric (mean ± s.e.), arms as rows and tasks as columns, with
+    each arm's ratio to (a) in the same run."""
+    keys = keys or [k for k in reports[0]["arms"]]
+    head = "| " + metric.replace("_", " ") + " | " + " | ".join(r["task"] for r in reports) + " |"
+    lines = [head, "|---" * (len(reports) + 1) + "|"]
+    for k in keys:
+        cells = []
+        for r in reports:
+            arm = r["arms"].get(k)
+            if arm is None:
+                cells.append("—")
+                continue
+            s = arm["summary"][metric]
+            cell = _fmt(s["mean"], s["se"])
+            base = r["arms"].get("a", {}).get("summary", {}).get(metric, {}).get("mean")
+            if k != "a" and base and s["mean"] is not None:
+                cell += f" (×{s['mean'] / base:.2g})"
+            failed = len(arm["summary"].get("failed_seeds", []))
+            cells.append(cell + (f", {failed} failed" if failed else ""))
+        label = reports[0]["arms"].get(k, {}).get("label", k)
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _ratios(summary, base):
     """Each other arm's seed-mean metrics divided by arm ``base``'s ({} if base was not run)."""
     if base not in summary:
@@ -358,16 +383,25 @@ def main(argv=None):
     ap.add_argument("--merge", action="store_true",
                     help="replace only the arms run now in the report already in --out")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--table", metavar="DIR", help="only print the cross-task tables of the reports in DIR")
     ap.add_argument("--compare", nargs=2, metavar=("QUICK_JSON", "FULL_JSON"),
                     help="only compare the arm rankings of a --quick and a full report")
     args = ap.parse_args(argv)
+    if args.table:
+        reports = [json.loads((Path(args.table) / f"hnn_{t}.json").read_text()) for t in CONFIG
+                   if (Path(args.table) / f"hnn_{t}.json").exists()]
+        if not reports:
+            raise SystemExit(f"no hnn_<task>.json reports in {args.table}")
+        for metric in ("energy_mse", "state_mse", "eps_H", "train_seconds"):
+            print(cross_task_table(reports, metric) + "\n")
+        return
     if args.compare:
         quick, full = (json.loads(Path(p).read_text()) for p in args.compare)
         for metric in ("energy_mse", "state_mse"):
             print(json.dumps(compare_rankings(quick, full, metric)))
         return
     if not args.task:
-        ap.error("--task is required (or --compare QUICK_JSON FULL_JSON)")
+        ap.error("--task is required (or --table DIR, or --compare QUICK_JSON FULL_JSON)")
     shooting = {k: v for k, v in dict(segment=args.segment, continuity=args.continuity,
                                       state_lr=args.state_lr, method2=args.method2,
                                       substeps2=args.substeps2).items() if v is not None}
