@@ -276,6 +276,8 @@ def test_hnn_study_shooting_arms_tiny(tmp_path, monkeypatch, capsys):
     assert "yoshida4" in arms["e4"]["label"] and "Arms by energy mse" in (tmp_path / "hnn_spring.md").read_text()
     noisy = hnn_run.run("twobody_noisy", arm_keys=["e", "f"], **args)
     assert noisy["data"]["noise"] == 0.1 and noisy["shooting"]["segment"] == 7
+    again = hnn_run.run("spring", from_partial=True, **args)     # a stopped run's seeds, no training
+    assert again["arms"]["e"]["per_seed"] == arms["e"]["per_seed"] and again["shooting"] == rep["shooting"]
     cmp = hnn_run.compare_rankings(rep, rep)
     assert cmp["same"] and cmp["quick"] == hnn_run.ranking(rep)
     hnn_run.main(["--table", str(tmp_path)])                      # the README's cross-task tables

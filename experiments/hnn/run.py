@@ -75,11 +75,14 @@ def _fmt(mean, se):
 def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps: int | None = None,
         batch_size: int | None = None, arm_keys=None, out: str | Path = "results",
         progress: bool = True, b_model: str = "auto", node_window: int = 5,
-        threads: int | None = 1, merge: bool = False, shooting: dict | None = None) -> dict:
+        threads: int | None = 1, merge: bool = False, shooting: dict | None = None,
+        from_partial: bool = False) -> dict:
     """Train and evaluate the arms (``arm_keys``: a subset) with every seed; write the report.
     ``merge``: keep the other arms of the report already in ``out`` (same task, budget and
     seeds) and replace the ones run now — training is seeded, so an arm rerun is the same model;
-    use it to re-evaluate or add arms without retraining the rest."""
+    use it to re-evaluate or add arms without retraining the rest.  ``from_partial``: write the
+    report of the seeds that an interrupted run finished (``<stem>_partial.json``), training
+    nothing."""
     if task_name not in CONFIG:
         raise ValueError(f"unknown task {task_name!r}; known: {', '.join(CONFIG)}")
     if threads:
@@ -112,7 +115,19 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
         outer = None
     results = {a.key: [] for a in all_arms}
     keep = {}
-    for seed in range(n_seeds):
+    if from_partial:       # a run stopped early: report the seeds it finished, train nothing
+        part = json.loads(stem.with_name(stem.name + "_partial.json").read_text())
+        results = {k: v for k, v in part["per_seed"].items() if v}
+        n_seeds, n_steps, bs, shooting = part["seeds_done"], part["steps"], part["batch_size"], part["shooting"]
+        t_start -= part.get("wall_seconds", float("nan"))
+        all_arms = [a for a in make_arms(task, b_model=b_model, node_window=node_window, shooting=shooting)
+                    if a.key in results]
+        traj = _trajectories(stem)
+        keep = torch.load(traj, weights_only=True) if traj.exists() else {}
+        n_loop = 0
+    else:
+        n_loop = n_seeds
+    for seed in range(n_loop):
         trained = {}
         for arm in all_arms:
             if arm.reuse and arm.reuse in trained:      # same arm, same seed: the same model
@@ -133,9 +148,12 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
                 outer.set_postfix(arm=arm.key, energy_mse=f"{metrics['energy_mse']:.2e}")
         # every seed's metrics as they come, so a run stopped early keeps the seeds it finished
         out.mkdir(parents=True, exist_ok=True)
+        if seed == 0:
+            torch.save(keep, _trajectories(stem))
         stem.with_name(stem.name + "_partial.json").write_text(json.dumps(
             {"task": task_name, "quick": quick, "seeds_done": seed + 1, "steps": n_steps,
-             "batch_size": bs, "shooting": shooting, "per_seed": results}, indent=1, allow_nan=True))
+             "batch_size": bs, "shooting": shooting, "per_seed": results,
+             "wall_seconds": time.perf_counter() - t_start}, indent=1, allow_nan=True))
     if outer is not None:
         outer.close()
     wall = time.perf_counter() - t_start
@@ -383,6 +401,8 @@ def main(argv=None):
     ap.add_argument("--merge", action="store_true",
                     help="replace only the arms run now in the report already in --out")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--from-partial", action="store_true",
+                    help="report the seeds an interrupted run of --task finished (train nothing)")
     ap.add_argument("--table", metavar="DIR", help="only print the cross-task tables of the reports in DIR")
     ap.add_argument("--compare", nargs=2, metavar=("QUICK_JSON", "FULL_JSON"),
                     help="only compare the arm rankings of a --quick and a full report")
@@ -410,7 +430,8 @@ def main(argv=None):
     rep = run(args.task, quick=args.quick, seeds=args.seeds, steps=args.steps, batch_size=args.batch_size,
               arm_keys=args.arms.split(",") if args.arms else None, out=args.out,
               progress=not args.no_progress, b_model=args.b_model, node_window=args.node_window,
-              threads=args.threads, merge=args.merge, shooting=shooting)
+              threads=args.threads, merge=args.merge, shooting=shooting,
+              from_partial=args.from_partial)
     print(markdown(rep))
 
 
