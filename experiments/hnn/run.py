@@ -1,6 +1,7 @@
 r"""HNNs trained through structure-preserving steps vs derivative matching vs a Neural ODE.
 
-    python -m experiments.hnn.run --task spring|pendulum|twobody [--quick] [--seeds N] ...
+    python -m experiments.hnn.run --task spring|pendulum|twobody|twobody_noisy [--quick] [--seeds N] ...
+    python -m experiments.hnn.run --table results            # cross-task tables of the reports
 
 Every arm of :mod:`experiments.hnn.train` is trained with each seed on the task of
 :mod:`experiments.hnn.data`, then rolled out from the held-out clean initial conditions over
