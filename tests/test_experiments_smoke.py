@@ -261,3 +261,49 @@ def test_solver_history_captured_and_args_forms_agree(tmp_path, monkeypatch):
     rows, agree = sh.main(["--steps", "4", "--batch", "3"])
     assert len(rows) == 4 and agree < 1e-12
     assert (tmp_path / "results" / "solver_history.md").stat().st_size > 0
+
+
+def test_hnn_study_shooting_arms_tiny(tmp_path, monkeypatch, capsys):
+    """The arms (e), (e′), (f) at a toy budget, on noisy two-body and spring: (f) reuses (e)'s
+    trained model (same training seconds, same ε_H of the uncorrected model is not asserted: it
+    is corrected), the shooting settings are in the report, ε_H is reported for every
+    Hamiltonian arm, and compare_rankings reads two reports."""
+    from experiments.hnn import data as hnn_data
+    from experiments.hnn import run as hnn_run
+    from experiments.hnn import train as hnn_train
+
+    def small(make):
+        def task(seed=0, **kw):
+            t = make(seed, **kw)
+            t.q_eval, t.p_eval = t.q_eval[:2, :9], t.p_eval[:2, :9]      # 2 ICs, 8 steps
+            t.q_points, t.p_points = t.q_points[:20], t.p_points[:20]
+            return t
+        return task
+
+    monkeypatch.setitem(hnn_data.TASKS, "spring", small(hnn_data.spring))
+    monkeypatch.setitem(hnn_data.TASKS, "twobody_noisy", small(hnn_data.twobody_noisy))
+    monkeypatch.setattr(hnn_train, "EVAL_RTOL", 1e-5)
+    args = dict(quick=True, seeds=1, steps=2, batch_size=8, out=tmp_path, progress=False)
+    keys = ["a", "b5", "e", "e4", "f", "f_v"]
+    rep = hnn_run.run("spring", arm_keys=keys, shooting=dict(segment=4, continuity=0.5), **args)
+    arms = rep["arms"]
+    assert set(arms) == set(keys)
+    assert rep["shooting"]["segment"] == 4 and rep["shooting"]["continuity"] == 0.5
+    e, f = arms["e"]["per_seed"][0], arms["f"]["per_seed"][0]
+    assert e["train_seconds"] == f["train_seconds"] == arms["f_v"]["per_seed"][0]["train_seconds"]
+    assert e["eps_H"] != f["eps_H"]                 # (f) is evaluated on the corrected H
+    assert all("eps_H" in a["per_seed"][0] for a in arms.values())
+    assert "yoshida4" in arms["e4"]["label"] and "Arms by energy mse" in (tmp_path / "hnn_spring.md").read_text()
+    noisy = hnn_run.run("twobody_noisy", arm_keys=["e", "f"], **args)
+    assert noisy["data"]["noise"] == 0.1 and noisy["shooting"]["segment"] == 7
+    again = hnn_run.run("spring", from_partial=True, **args)     # a stopped run's seeds, no training
+    assert again["arms"]["e"]["per_seed"] == arms["e"]["per_seed"] and again["shooting"] == rep["shooting"]
+    cmp = hnn_run.compare_rankings(rep, rep)
+    assert cmp["same"] and cmp["quick"] == hnn_run.ranking(rep)
+    hnn_run.main(["--table", str(tmp_path)])                      # the README's cross-task tables
+    table = capsys.readouterr().out
+    assert "| energy mse | spring | twobody_noisy |" in table and "(×" in table
+    # the noisy task's observations are the clean orbits plus noise; evaluation stays clean
+    clean, obs = hnn_data.twobody(0, trajectories=10), hnn_data.twobody_noisy(0, trajectories=10)
+    assert torch.equal(clean.q_eval, obs.q_eval)
+    assert 0.05 < float((obs.q_train - clean.q_train).std()) < 0.15

@@ -11,6 +11,10 @@ experiment-pend/data.py, and the two-body orbits of experiment-2body / experimen
             circular-orbit velocity scaled by (1 + 0.05·N(0, 1)); 1000 trajectories × 50 points
             on [0, 20]; no noise; the first 20 % of the trajectories test, the rest train.
             Coordinates here: q = (x₁, y₁, x₂, y₂), p = (p_x1, p_y1, p_x2, p_y2) (m = 1: p = v).
+* twobody_noisy  the same orbits with noise σ = 0.1 on every observed coordinate (as the spring
+            and pendulum tasks; drawn after the orbits, so the clean orbits are the same), the
+            derivative targets still the true field at the clean states; evaluated on the clean
+            test orbits.
 
 The random draws follow their order (NumPy's legacy global generator, per trajectory: direction,
 radius, then the noise of q and of p), with ``seed`` in place of their seed 0.  Their derivative
@@ -33,7 +37,7 @@ from scipy.integrate import solve_ivp
 HORIZON = 20.0
 #: Energy MSE of the derivative-matching HNN in Greydanus et al. 2019, Table 1 (mean over their
 #: test rollouts); we report our own ratios measured in the same run, not these.
-PAPER_ENERGY_MSE = {"spring": 3.84e-4, "pendulum": 2.49e-2, "twobody": 3.88e-5}
+PAPER_ENERGY_MSE = {"spring": 3.84e-4, "pendulum": 2.49e-2, "twobody": 3.88e-5, "twobody_noisy": None}
 
 
 @dataclass
@@ -149,8 +153,10 @@ def _twobody_field(y):
     return np.concatenate([p, a1, -a1], -1)
 
 
-def twobody(seed: int = 0, trajectories: int = 1000, T: int = 50) -> Task:
-    """Near-circular two-body orbits (their random_config, orbit_noise 5e-2, radii [0.5, 1.5])."""
+def twobody(seed: int = 0, trajectories: int = 1000, T: int = 50, noise: float = 0.0) -> Task:
+    """Near-circular two-body orbits (their random_config, orbit_noise 5e-2, radii [0.5, 1.5]);
+    ``noise`` > 0: Gaussian noise of that σ on the observed (training and test) states, drawn
+    after the orbits; the evaluation truth and the ε_H points stay clean."""
     rs = np.random.RandomState(seed)
     y0 = np.zeros((trajectories, 8))
     for i in range(trajectories):
@@ -168,15 +174,23 @@ def twobody(seed: int = 0, trajectories: int = 1000, T: int = 50) -> Task:
         raise RuntimeError(f"reference integration failed: {sol.message}")
     y = sol.y.T.reshape(T, trajectories, 8).transpose(1, 0, 2)              # (B, T, 8)
     d = _twobody_field(y)
+    obs = y + noise * rs.randn(*y.shape) if noise > 0 else y
     n_test = int(trajectories * 0.2)
     te, tr = slice(0, n_test), slice(n_test, None)
     q, p, dq, dp = _t(y[..., :4]), _t(y[..., 4:]), _t(d[..., :4]), _t(d[..., 4:])
+    qo, po = _t(obs[..., :4]), _t(obs[..., 4:])
     dt = float(t_eval[1] - t_eval[0])
-    # the horizon is their data span, so the test trajectories are the evaluation truth
-    return Task("twobody", 4, dt, True, q[tr], p[tr], dq[tr], dp[tr], q[te], p[te], q[te], p[te],
+    # the horizon is their data span, so the clean test trajectories are the evaluation truth
+    return Task("twobody_noisy" if noise > 0 else "twobody", 4, dt, True, qo[tr], po[tr], dq[tr],
+                dp[tr], qo[te], po[te], q[te], p[te],
                 q[te].reshape(-1, 4), p[te].reshape(-1, 4), twobody_energy,
                 meta=dict(seed=seed, trajectories=trajectories, points=T, t_span=[0.0, 20.0],
-                          noise=0.0, horizon=20.0, eval_steps=T - 1))
+                          noise=float(noise), horizon=20.0, eval_steps=T - 1))
 
 
-TASKS = {"spring": spring, "pendulum": pendulum, "twobody": twobody}
+def twobody_noisy(seed: int = 0, trajectories: int = 1000, T: int = 50) -> Task:
+    """:func:`twobody` with σ = 0.1 observation noise."""
+    return twobody(seed, trajectories, T, noise=0.1)
+
+
+TASKS = {"spring": spring, "pendulum": pendulum, "twobody": twobody, "twobody_noisy": twobody_noisy}

@@ -1,6 +1,7 @@
 r"""HNNs trained through structure-preserving steps vs derivative matching vs a Neural ODE.
 
-    python -m experiments.hnn.run --task spring|pendulum|twobody [--quick] [--seeds N] ...
+    python -m experiments.hnn.run --task spring|pendulum|twobody|twobody_noisy [--quick] [--seeds N] ...
+    python -m experiments.hnn.run --table results            # cross-task tables of the reports
 
 Every arm of :mod:`experiments.hnn.train` is trained with each seed on the task of
 :mod:`experiments.hnn.data`, then rolled out from the held-out clean initial conditions over
@@ -40,6 +41,17 @@ CONFIG = {
                     full=dict(steps=10000, batch=200, seeds=5, trajectories=1000),
                     quick=dict(steps=300, batch=64, seeds=2, trajectories=200)),
 }
+CONFIG["twobody_noisy"] = dict(CONFIG["twobody"])
+#: The shooting arms' settings per task (train.SHOOTING's keys), chosen on development runs
+#: (seed 100, --quick budgets; see the README): segment length (a divisor of the intervals per
+#: trajectory; None: single shooting), continuity weight, learning rate of the node states, and
+#: the method / substeps of (e′).
+SHOOTING = {
+    "spring": dict(segment=4, state_lr=1e-2),          # 29 intervals: the last state is dropped
+    "pendulum": dict(segment=4, state_lr=1e-2),
+    "twobody": dict(segment=7, state_lr=1e-4),         # clean data: the states should barely move
+    "twobody_noisy": dict(segment=7, state_lr=1e-2),
+}
 METRICS = ("state_mse", "energy_mse", "energy_drift", "eps_H", "eps_H_rel", "train_seconds")
 
 
@@ -64,11 +76,14 @@ def _fmt(mean, se):
 def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps: int | None = None,
         batch_size: int | None = None, arm_keys=None, out: str | Path = "results",
         progress: bool = True, b_model: str = "auto", node_window: int = 5,
-        threads: int | None = 1, merge: bool = False) -> dict:
+        threads: int | None = 1, merge: bool = False, shooting: dict | None = None,
+        from_partial: bool = False) -> dict:
     """Train and evaluate the arms (``arm_keys``: a subset) with every seed; write the report.
     ``merge``: keep the other arms of the report already in ``out`` (same task, budget and
     seeds) and replace the ones run now — training is seeded, so an arm rerun is the same model;
-    use it to re-evaluate or add arms without retraining the rest."""
+    use it to re-evaluate or add arms without retraining the rest.  ``from_partial``: write the
+    report of the seeds that an interrupted run finished (``<stem>_partial.json``), training
+    nothing."""
     if task_name not in CONFIG:
         raise ValueError(f"unknown task {task_name!r}; known: {', '.join(CONFIG)}")
     if threads:
@@ -80,11 +95,12 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
     n_steps = steps if steps is not None else mode["steps"]
     bs = batch_size if batch_size is not None else mode["batch"]
     t_start = time.perf_counter()
-    if task_name == "twobody":
-        task = datasets.twobody(0, trajectories=mode["trajectories"])
+    if task_name.startswith("twobody"):
+        task = datasets.TASKS[task_name](0, trajectories=mode["trajectories"])
     else:
         task = datasets.TASKS[task_name](0)
-    all_arms = every_arm = make_arms(task, b_model=b_model, node_window=node_window)
+    shooting = dict(SHOOTING[task_name], **(shooting or {}))
+    all_arms = every_arm = make_arms(task, b_model=b_model, node_window=node_window, shooting=shooting)
     out = Path(out)
     stem = out / f"hnn_{task_name}"
     if arm_keys:
@@ -100,11 +116,29 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
         outer = None
     results = {a.key: [] for a in all_arms}
     keep = {}
-    for seed in range(n_seeds):
+    if from_partial:       # a run stopped early: report the seeds it finished, train nothing
+        part = json.loads(stem.with_name(stem.name + "_partial.json").read_text())
+        results = {k: v for k, v in part["per_seed"].items() if v}
+        n_seeds, n_steps, bs, shooting = part["seeds_done"], part["steps"], part["batch_size"], part["shooting"]
+        t_start -= part.get("wall_seconds", float("nan"))
+        all_arms = [a for a in make_arms(task, b_model=b_model, node_window=node_window, shooting=shooting)
+                    if a.key in results]
+        traj = _trajectories(stem)
+        keep = torch.load(traj, weights_only=True) if traj.exists() else {}
+        n_loop = 0
+    else:
+        n_loop = n_seeds
+    for seed in range(n_loop):
+        trained = {}
         for arm in all_arms:
-            model, hist = train(arm, task, seed=seed, steps=n_steps, batch_size=bs, lr=cfg["lr"],
-                                weight_decay=cfg["weight_decay"], substeps=cfg["substeps"],
-                                progress=progress)
+            if arm.reuse and arm.reuse in trained:      # same arm, same seed: the same model
+                model, hist = trained[arm.reuse]
+            else:
+                source = next(a for a in every_arm if a.key == arm.reuse) if arm.reuse else arm
+                model, hist = train(source, task, seed=seed, steps=n_steps, batch_size=bs,
+                                    lr=cfg["lr"], weight_decay=cfg["weight_decay"],
+                                    substeps=cfg["substeps"], progress=progress, shooting=shooting)
+                trained[source.key] = (model, hist)
             metrics, traj = evaluate(model, arm, task, substeps=cfg["substeps"])
             metrics.update(train_seconds=hist["seconds"], final_loss=hist["loss"][-1], seed=seed)
             results[arm.key].append(metrics)
@@ -113,6 +147,14 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
             if outer is not None:
                 outer.update(1)
                 outer.set_postfix(arm=arm.key, energy_mse=f"{metrics['energy_mse']:.2e}")
+        # every seed's metrics as they come, so a run stopped early keeps the seeds it finished
+        out.mkdir(parents=True, exist_ok=True)
+        if seed == 0:
+            torch.save(keep, _trajectories(stem))
+        stem.with_name(stem.name + "_partial.json").write_text(json.dumps(
+            {"task": task_name, "quick": quick, "seeds_done": seed + 1, "steps": n_steps,
+             "batch_size": bs, "shooting": shooting, "per_seed": results,
+             "wall_seconds": time.perf_counter() - t_start}, indent=1, allow_nan=True))
     if outer is not None:
         outer.close()
     wall = time.perf_counter() - t_start
@@ -138,6 +180,7 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
     report = {
         "task": task_name, "quick": quick, "seeds": n_seeds, "steps": n_steps, "batch_size": bs,
         "lr": cfg["lr"], "weight_decay": cfg["weight_decay"], "substeps": cfg["substeps"],
+        "shooting": shooting,
         "data": task.meta | {"dt": task.dt, "train_trajectories": int(task.q_train.shape[0]),
                              "eval_initial_conditions": int(task.q_eval.shape[0])},
         "arms": {a.key: {"label": a.label, "model": a.model, "loss": a.loss, "window": a.window,
@@ -181,6 +224,50 @@ def _previous(stem: Path, **expected):
     traj = _trajectories(stem)
     keep = torch.load(traj, weights_only=True) if traj.exists() else {}
     return rep, keep
+
+
+#: The arms whose order --quick must reproduce (the new ones and their references).
+RANKED = ("a", "a_fd", "b5", "e", "e4", "f", "f_v")
+
+
+def ranking(rep: dict, metric: str = "energy_mse", keys=RANKED) -> list[str]:
+    """The arms of a report among ``keys`` (those that ran, with a finite mean), best first by
+    the seed mean of ``metric``."""
+    rows = [(a["summary"][metric]["mean"], k) for k, a in rep["arms"].items()
+            if k in keys and a["summary"][metric]["mean"] is not None]
+    return [k for _, k in sorted(rows)]
+
+
+def compare_rankings(quick: dict, full: dict, metric: str = "energy_mse", keys=RANKED) -> dict:
+    """Whether a --quick report orders the arms both reports share as the full one does."""
+    shared = set(quick["arms"]) & set(full["arms"]) & set(keys)
+    rq, rf = ranking(quick, metric, shared), ranking(full, metric, shared)
+    return {"metric": metric, "quick": rq, "full": rf, "same": rq == rf}
+
+
+def cross_task_table(reports: list[dict], metric: str, keys=None) -> str:
+    """A markdown table of one metric (mean ± s.e.), arms as rows and tasks as columns, with
+    each arm's ratio to (a) in the same run."""
+    keys = keys or [k for k in reports[0]["arms"]]
+    head = "| " + metric.replace("_", " ") + " | " + " | ".join(r["task"] for r in reports) + " |"
+    lines = [head, "|---" * (len(reports) + 1) + "|"]
+    for k in keys:
+        cells = []
+        for r in reports:
+            arm = r["arms"].get(k)
+            if arm is None:
+                cells.append("—")
+                continue
+            s = arm["summary"][metric]
+            cell = _fmt(s["mean"], s["se"])
+            base = r["arms"].get("a", {}).get("summary", {}).get(metric, {}).get("mean")
+            if k != "a" and base and s["mean"] is not None:
+                cell += f" (×{s['mean'] / base:.2g})"
+            failed = len(arm["summary"].get("failed_seeds", []))
+            cells.append(cell + (f", {failed} failed" if failed else ""))
+        label = reports[0]["arms"].get(k, {}).get("label", k)
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _ratios(summary, base):
@@ -227,12 +314,21 @@ def markdown(rep: dict) -> str:
             cells = ["—" if r[m] is None else f"{r[m]:.3g}"
                      for m in ("state_mse", "energy_mse", "energy_drift", "eps_H")]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for metric in ("energy_mse", "state_mse"):
+        order = ranking(rep, metric, keys=tuple(rep["arms"]))
+        lines += ["", f"Arms by {metric.replace('_', ' ')} (best first): " + ", ".join(order)]
     failed = [(k, r["seed"], r["failed"]) for k, a in rep["arms"].items() for r in a["per_seed"] if "failed" in r]
     if failed:
         lines += ["", "Failed rollouts: " + "; ".join(f"{k} seed {s}: {m}" for k, s, m in failed)]
-    lines += ["", f"The HNN paper reports an energy MSE of {rep['paper_energy_mse_derivative_matching']:.3g} "
-              "for derivative matching on this task (its own budget and evaluation); our arm (a) is a "
-              "re-implementation, and the ratios above compare arms of this run only.",
+    paper = rep["paper_energy_mse_derivative_matching"]
+    if paper is not None:
+        lines += ["", f"The HNN paper reports an energy MSE of {paper:.3g} "
+                  "for derivative matching on this task (its own budget and evaluation); our arm (a) is a "
+                  "re-implementation, and the ratios above compare arms of this run only."]
+    if rep.get("shooting"):
+        lines += ["", f"Shooting arms (e), (e′), (f): {rep['shooting']} (segment None: single "
+                  "shooting; (f) reuses (e)'s trained model); train s of (f) is (e)'s training."]
+    lines += [
               f"Wall time of the run: {rep['wall_seconds']:.0f} s (shared, loaded cores: noisy).", ""]
     return "\n".join(lines)
 
@@ -252,7 +348,7 @@ def plot(task, arms, keep, stem: Path):
     for ax, arm in zip(axes.flat, shown):
         q, p = keep[arm.key]
         for i in ics:
-            if task.name == "twobody":
+            if task.name.startswith("twobody"):
                 ax.plot(task.q_eval[i, :, 0], task.q_eval[i, :, 1], "k-", lw=2, alpha=0.5)
                 ax.plot(q[i, :, 0], q[i, :, 1], lw=1)
                 ax.set_xlabel("$x_1$")
@@ -263,7 +359,7 @@ def plot(task, arms, keep, stem: Path):
         ax.set_title(arm.label, fontsize=7)
         ax.set_aspect("equal", adjustable="datalim")
     for ax in axes[:, 0]:
-        ax.set_ylabel("$y_1$" if task.name == "twobody" else "$p$")
+        ax.set_ylabel("$y_1$" if task.name.startswith("twobody") else "$p$")
     fig.suptitle(f"{task.name}: truth (grey) and rollouts (seed 0)", fontsize=9)
     fig.tight_layout()
     fig.savefig(stem.with_name(stem.name + "_phase.png"), dpi=120)
@@ -287,12 +383,17 @@ def plot(task, arms, keep, stem: Path):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--task", required=True, choices=sorted(CONFIG))
+    ap.add_argument("--task", choices=sorted(CONFIG))
     ap.add_argument("--quick", action="store_true", help="2 seeds, 300 steps, batches of 64 (~2 min)")
     ap.add_argument("--seeds", type=int, help="number of seeds (default 5, --quick 2)")
     ap.add_argument("--steps", type=int, help="gradient steps per arm")
     ap.add_argument("--batch-size", type=int, help="samples (points or windows) per step")
-    ap.add_argument("--arms", help="comma-separated subset of a,a_fd,b1,b5,b10,c,c_ode,d")
+    ap.add_argument("--arms", help="comma-separated subset of a,a_fd,b1,b5,b10,c,c_ode,d,e,e4,f,f_v")
+    ap.add_argument("--segment", type=int, help="shooting segment length of (e)/(e′)/(f) (0: single shooting)")
+    ap.add_argument("--continuity", type=float, help="continuity weight of the shooting arms")
+    ap.add_argument("--state-lr", type=float, help="learning rate of the shooting-node states")
+    ap.add_argument("--method2", help="training/evaluation method of (e′) (default yoshida4)")
+    ap.add_argument("--substeps2", type=int, help="substeps per data interval of (e′)")
     ap.add_argument("--b-model", choices=["auto", "hnn"], default="auto",
                     help="'hnn': arm (b) uses HNN + implicit midpoint even on separable tasks")
     ap.add_argument("--node-window", type=int, default=5)
@@ -301,11 +402,37 @@ def main(argv=None):
     ap.add_argument("--merge", action="store_true",
                     help="replace only the arms run now in the report already in --out")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--from-partial", action="store_true",
+                    help="report the seeds an interrupted run of --task finished (train nothing)")
+    ap.add_argument("--table", metavar="DIR", help="only print the cross-task tables of the reports in DIR")
+    ap.add_argument("--compare", nargs=2, metavar=("QUICK_JSON", "FULL_JSON"),
+                    help="only compare the arm rankings of a --quick and a full report")
     args = ap.parse_args(argv)
+    if args.table:
+        reports = [json.loads((Path(args.table) / f"hnn_{t}.json").read_text()) for t in CONFIG
+                   if (Path(args.table) / f"hnn_{t}.json").exists()]
+        if not reports:
+            raise SystemExit(f"no hnn_<task>.json reports in {args.table}")
+        for metric in ("energy_mse", "state_mse", "eps_H", "train_seconds"):
+            print(cross_task_table(reports, metric) + "\n")
+        return
+    if args.compare:
+        quick, full = (json.loads(Path(p).read_text()) for p in args.compare)
+        for metric in ("energy_mse", "state_mse"):
+            print(json.dumps(compare_rankings(quick, full, metric)))
+        return
+    if not args.task:
+        ap.error("--task is required (or --table DIR, or --compare QUICK_JSON FULL_JSON)")
+    shooting = {k: v for k, v in dict(segment=args.segment, continuity=args.continuity,
+                                      state_lr=args.state_lr, method2=args.method2,
+                                      substeps2=args.substeps2).items() if v is not None}
+    if shooting.get("segment") == 0:
+        shooting["segment"] = None
     rep = run(args.task, quick=args.quick, seeds=args.seeds, steps=args.steps, batch_size=args.batch_size,
               arm_keys=args.arms.split(",") if args.arms else None, out=args.out,
               progress=not args.no_progress, b_model=args.b_model, node_window=args.node_window,
-              threads=args.threads, merge=args.merge)
+              threads=args.threads, merge=args.merge, shooting=shooting,
+              from_partial=args.from_partial)
     print(markdown(rep))
 
 

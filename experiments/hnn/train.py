@@ -15,6 +15,15 @@ r"""The arms of the HNN study: what is trained, on what, and how it is rolled ou
                (a) is: it tells a bad H_θ from a midpoint map of H_θ that has no step at h = dt.
 (d)   ``d``    unstructured Neural ODE (MLP vector field) trained through torchdiffeq's RK4 on
                windows of ``node_window`` steps; rolled out by the same RK4.
+(e)   ``e``    the model of (b) fitted to *whole* noisy trajectories with learned shooting-node
+               states (:class:`torchgeo_int.nn.TrajectoryFit`: initial-state estimation, SRNN,
+               + multiple shooting with a continuity penalty) through Verlet at h = dt; rolled
+               out by Verlet at h = dt.
+(e′)  ``e4``   the same through ``shooting["method2"]`` (yoshida4 at h = dt by default), rolled
+               out by that method at the same step.
+(f)   ``f``, ``f_v``   (e)'s model (the same training, reused) corrected for Verlet's modified
+               Hamiltonian (:class:`torchgeo_int.nn.CorrectedHamiltonian`, H_θ − h² H₂[H_θ]),
+               rolled out by dopri5 (rtol 1e-9) and by Verlet at h = dt.
 
 The HNN of (a) is rolled out by an accurate integrator of its learned field (torchdiffeq dopri5,
 rtol 1e-9), as their analysis does with scipy.  Every arm uses the same MLP (2 × 200, tanh,
@@ -36,7 +45,9 @@ from torchgeo_int.solvers import ConvergenceError
 from torchgeo_int.nn.losses import (derivative_loss, finite_differences, make_windows, residual_loss,
                                    rollout_loss)
 from torchgeo_int.nn.metrics import energy_drift, energy_mse, hamiltonian_error, predict, state_mse
+from torchgeo_int.nn.correction import CorrectedHamiltonian
 from torchgeo_int.nn.modules import HNN, MLPVectorField, SeparableHNN
+from torchgeo_int.nn.shooting import TrajectoryFit
 from torchgeo_int.nn.training import fit, seed_everything
 
 from .data import Task
@@ -51,9 +62,14 @@ class Arm:
     window: int         # steps per training window (0: points)
     method: str         # the integrator of training (and of evaluation, except for (a))
     evaluation: str
+    train_method: str = ""      # when training and evaluation differ ((f)): the training one
+    correction: bool = False    # evaluate the modified-Hamiltonian correction of the model
+    reuse: str = ""             # key of the arm whose trained model (same seed) this one reuses
+    substeps: int = 1           # integrator steps per data interval, training and evaluation
 
 
-def arms(task: Task, *, b_model: str = "auto", node_window: int = 5, windows=(1, 5, 10)):
+def arms(task: Task, *, b_model: str = "auto", node_window: int = 5, windows=(1, 5, 10),
+         shooting: dict | None = None):
     sep = task.separable and b_model != "hnn"
     b_cls, b_method = ("SeparableHNN", "verlet") if sep else ("HNN", "implicit_midpoint")
     out = [Arm("a", "(a) HNN, derivative matching", "HNN", "derivative", 0, "dopri5",
@@ -70,7 +86,27 @@ def arms(task: Task, *, b_model: str = "auto", node_window: int = 5, windows=(1,
                    "residual", 1, "dopri5", "dopri5 (rtol 1e-9) on the learned field"))
     out.append(Arm("d", f"(d) Neural ODE through {node_window} RK4 steps", "MLPVectorField", "node",
                    node_window, "rk4", "rk4 (torchdiffeq), h = dt"))
+    sh = dict(SHOOTING, **(shooting or {}))
+    seg = sh["segment"]
+    grid = "single shooting" if seg is None else f"shooting segments of {seg} steps"
+    m2 = sh["method2"]
+    sub2 = sh["substeps2"]
+    out.append(Arm("e", f"(e) {b_cls}, learned states, {grid}, {b_method}", b_cls, "shooting",
+                   seg or 0, b_method, f"{b_method}, h = dt"))
+    out.append(Arm("e4", f"(e′) {b_cls}, learned states, {grid}, {m2}"
+                         f"{f' × {sub2} substeps' if sub2 > 1 else ''}", b_cls, "shooting", seg or 0, m2,
+                   f"{m2}, h = dt{f'/{sub2}' if sub2 > 1 else ''}", substeps=sub2))
+    out.append(Arm("f", f"(f) (e) + modified-H correction, rolled out by dopri5", b_cls, "shooting",
+                   seg or 0, "dopri5", "dopri5 (rtol 1e-9) on the corrected field",
+                   train_method=b_method, correction=True, reuse="e"))
+    out.append(Arm("f_v", f"(f) (e) + modified-H correction, rolled out by {b_method}", b_cls,
+                   "shooting", seg or 0, b_method, f"{b_method}, h = dt, on the corrected H",
+                   train_method=b_method, correction=True, reuse="e"))
     return out
+
+
+#: Defaults of the shooting arms (e), (e′), (f); run.CONFIG sets them per task.
+SHOOTING = dict(segment=None, continuity=1.0, state_lr=1e-3, method2="yoshida4", substeps2=1)
 
 
 def build_model(arm: Arm, task: Task, *, width: int = 200, depth: int = 2):
@@ -90,6 +126,8 @@ def node_loss(model, q, p, *, dt, substeps=1):
 
 def loss_and_data(arm: Arm, task: Task, *, substeps: int = 1):
     dt = task.dt
+    if arm.loss == "shooting":
+        raise ValueError("the shooting arms are built by shooting_fit (their states are parameters)")
     if arm.loss in ("derivative", "derivative_fd"):
         dq, dp = ((task.dq_train, task.dp_train) if arm.loss == "derivative"
                   else finite_differences(task.q_train, task.p_train, dt))
@@ -105,22 +143,59 @@ def loss_and_data(arm: Arm, task: Task, *, substeps: int = 1):
     raise ValueError(arm.loss)
 
 
+def shooting_fit(arm: Arm, model, task: Task, *, shooting: dict | None = None) -> TrajectoryFit:
+    """The TrajectoryFit of arm (e) / (e′) on the training trajectories."""
+    sh = dict(SHOOTING, **(shooting or {}))
+    q, p, seg = task.q_train, task.p_train, sh["segment"]
+    if seg is not None:      # the grid must divide the data: drop the few last states if it does not
+        keep = 1 + (q.shape[1] - 1) // seg * seg
+        q, p = q[:, :keep], p[:, :keep]
+    return TrajectoryFit(model, q, p, dt=task.dt, segment=seg,
+                         method=arm.train_method or arm.method, substeps=arm.substeps,
+                         continuity=sh["continuity"])
+
+
 def train(arm: Arm, task: Task, *, seed: int, steps: int, batch_size: int | None, lr: float,
           weight_decay: float, substeps: int = 1, width: int = 200, depth: int = 2,
-          progress: bool = True, max_time: float | None = None, dtype=torch.float32):
-    """Seeded model + fit; returns (model, fit history)."""
+          progress: bool = True, max_time: float | None = None, dtype=torch.float32,
+          shooting: dict | None = None):
+    """Seeded model + fit; returns (model, fit history).  The shooting arms fit a
+    TrajectoryFit (model + node states, the states with their own lr and no weight decay) on
+    batches of ``batch_size`` segments; the model is returned alone."""
     seed_everything(seed)
     model = build_model(arm, task, width=width, depth=depth).to(dtype)
+    desc = f"{task.name}, {arm.label}, seed {seed}"
+    if arm.loss == "shooting":
+        sh = dict(SHOOTING, **(shooting or {}))
+        tf = shooting_fit(arm, model, task.to(dtype), shooting=shooting)
+        opt = tf.optimizer(lr=lr, state_lr=sh["state_lr"], weight_decay=weight_decay)
+        hist = fit(tf, TrajectoryFit.loss, tf.segments, steps=steps, batch_size=batch_size,
+                   optimizer=opt, seed=seed, progress=progress, desc=desc, max_time=max_time)
+        return model, hist
     loss_fn, data = loss_and_data(arm, task.to(dtype), substeps=substeps)
     hist = fit(model, loss_fn, data, steps=steps, batch_size=batch_size, lr=lr,
                weight_decay=weight_decay, seed=seed, progress=progress,
-               desc=f"{task.name}, {arm.label}, seed {seed}", max_time=max_time)
+               desc=desc, max_time=max_time)
     return model, hist
+
+
+#: dopri5's tolerance when an arm is rolled out "accurately" ((a), (c′), (f)): rtol, atol = rtol/10
+EVAL_RTOL = 1e-9
+
+
+def evaluation_model(model, arm: Arm, task: Task):
+    """The float64 model an arm is evaluated with: a copy of the trained one, or (``correction``)
+    its modified-Hamiltonian correction for the training method at h = dt."""
+    model = copy.deepcopy(model).double().eval()
+    if arm.correction:
+        model = CorrectedHamiltonian(model, arm.train_method, task.dt / arm.substeps)
+    return model
 
 
 def rollout_model(model, arm: Arm, task: Task, *, substeps: int = 1):
     """(q, p) of shape (B, S+1, n) from the clean test initial states over the horizon, float64."""
-    model = copy.deepcopy(model).double().eval()
+    model = evaluation_model(model, arm, task)
+    substeps = max(substeps, arm.substeps)
     q0, p0 = task.q_eval[:, 0], task.p_eval[:, 0]
     S = task.q_eval.shape[1] - 1
     n = task.dim
@@ -132,7 +207,7 @@ def rollout_model(model, arm: Arm, task: Task, *, substeps: int = 1):
                 dq, dp = model.vector_field(x[..., :n], x[..., n:], t)
                 return torch.cat([dq, dp], -1)
         t = task.dt * torch.arange(S + 1, dtype=torch.float64)
-        opts = (dict(rtol=1e-9, atol=1e-10) if arm.method == "dopri5"
+        opts = (dict(rtol=EVAL_RTOL, atol=EVAL_RTOL * 0.1) if arm.method == "dopri5"
                 else dict(options=dict(step_size=task.dt / substeps)))
         with torch.no_grad():
             xs = odeint(f, torch.cat([q0, p0], -1), t, method=arm.method, **opts)
@@ -180,7 +255,7 @@ def evaluate(model, arm: Arm, task: Task, *, substeps: int = 1):
             "energy_drift": float(energy_drift(H, q, p)),
         }
     if arm.model != "MLPVectorField":      # a property of H_θ: measured whether or not it rolled out
-        m64 = copy.deepcopy(model).double()
+        m64 = evaluation_model(model, arm, task)
         out["eps_H"] = float(hamiltonian_error(m64, H, task.q_points, task.p_points))
         out["eps_H_rel"] = float(hamiltonian_error(m64, H, task.q_points, task.p_points, relative=True))
     out["eval_seconds"] = time.perf_counter() - t0

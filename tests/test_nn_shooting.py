@@ -1,0 +1,296 @@
+"""TrajectoryFit (initial-state estimation + multiple shooting) and the modified-Hamiltonian
+series / correction of torchgeo_int.nn.  float64, fixed seeds, small sizes."""
+import math
+
+import pytest
+import torch
+
+import torchgeo_int as tgi
+from torchgeo_int.nn import (CorrectedHamiltonian, ModifiedHamiltonian, SeparableHNN, TrajectoryFit,
+                             correct_hamiltonian, fit, hamiltonian_error, modified_hamiltonian,
+                             rollout_mse)
+from torchgeo_int.nn.correction import SERIES
+
+DT = torch.float64
+
+
+@pytest.fixture(autouse=True)
+def _float64():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(DT)
+    yield
+    torch.set_default_dtype(old)
+
+
+def _oscillator():
+    return tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: 0.5 * (q * q).sum(-1))
+
+
+def _pendulum():
+    return tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: (1 - torch.cos(q)).sum(-1))
+
+
+def _data(H, B=6, T=21, dt=0.1, method="verlet", substeps=1, noise=0.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q0 = torch.rand(B, 1, generator=g) * 2 - 1
+    p0 = torch.rand(B, 1, generator=g) * 2 - 1
+    q, p = tgi.rollout(H, q0, p0, h=dt / substeps, steps=(T - 1) * substeps, method=method,
+                       save_every=substeps)
+    q, p = q.transpose(0, 1), p.transpose(0, 1)
+    clean = (q.clone(), p.clone())
+    if noise:
+        q = q + noise * torch.randn(q.shape, generator=g)
+        p = p + noise * torch.randn(p.shape, generator=g)
+    return q, p, clean
+
+
+# ---------------------------------------------------------------- TrajectoryFit
+
+
+@pytest.mark.parametrize("segment", [None, 4, 1])
+def test_exact_steps_of_the_method_give_zero_loss_and_no_defects(segment):
+    """Data that are Verlet steps of H, nodes at the observations: every segment's rollout hits
+    every observation and the next node, for single and multiple shooting."""
+    H = _pendulum()
+    q, p, _ = _data(H, T=21)
+    tf = TrajectoryFit(H, q, p, dt=0.1, segment=segment, method="verlet")
+    assert tf.n_segments == (1 if segment is None else 20 // segment)
+    assert tf.q_nodes.shape == (6, tf.n_segments, 1)
+    assert float(tf().detach()) < 1e-28
+    if tf.n_segments > 1:
+        assert float(tf.continuity_defects().max()) < 1e-13
+    # another method's steps do not fit: the loss sees the integrator
+    other = TrajectoryFit(H, q, p, dt=0.1, segment=segment, method="symplectic_euler")
+    assert float(other().detach()) > 1e-8
+
+
+def test_substeps_and_higher_order_methods_fit_the_exact_flow_better():
+    """Data of the exact flow (yoshida8 at a tiny step): yoshida4 and implicit-midpoint-yoshida4
+    at h = dt fit far better than Verlet at h = dt, and Verlet with 4 substeps 4² times closer
+    (the loss, a squared error, 256× smaller)."""
+    H = _pendulum()
+    q, p, _ = _data(H, B=4, T=6, dt=0.2, method="yoshida8", substeps=8)
+    loss = {}
+    for method, sub in [("verlet", 1), ("verlet", 4), ("yoshida4", 1), ("implicit_midpoint_yoshida4", 1)]:
+        loss[method, sub] = float(TrajectoryFit(H, q, p, dt=0.2, method=method, substeps=sub)().detach())
+    v1 = loss["verlet", 1]
+    assert 256 * 0.7 < v1 / loss["verlet", 4] < 256 * 1.3      # error O(h²) → loss O(h⁴)
+    assert loss["yoshida4", 1] < 1e-3 * v1
+    assert loss["implicit_midpoint_yoshida4", 1] < 1e-2 * v1
+
+
+def test_continuity_ties_a_segment_to_the_next_node_and_grad_modes_agree():
+    H = _oscillator()
+    q, p, _ = _data(H, T=13, noise=0.05)
+    tf = TrajectoryFit(H, q, p, dt=0.1, segment=4, continuity=2.0)
+    tf(torch.tensor([0])).backward()               # segment 0 of trajectory 0 alone
+    assert float(tf.p_nodes.grad[0, 1].abs().sum()) > 0      # reaches node 1 through continuity
+    assert float(tf.p_nodes.grad[0, 2].abs().sum()) == 0
+    assert float(tf.p_nodes.grad[1:].abs().sum()) == 0
+    # no continuity: independent segments
+    free = TrajectoryFit(H, q, p, dt=0.1, segment=4, continuity=0.0)
+    free(torch.tensor([0])).backward()
+    assert float(free.p_nodes.grad[0, 1].abs().sum()) == 0
+    # the loss is the data misfit + w × the mean squared defect
+    idx = torch.arange(tf.trajectories * tf.n_segments)
+    with torch.no_grad():
+        d = tf.continuity_defects()
+        assert float(tf(idx)) == pytest.approx(float(free(idx)) + 2.0 * 0.5 * float((d ** 2).mean()),
+                                               rel=1e-12)
+    # grad="checkpoint" through a learned model: same loss, same gradients
+    torch.manual_seed(0)
+    model = SeparableHNN(1, width=8)
+    grads = []
+    for opts in ({}, {"grad": "checkpoint"}):
+        t = TrajectoryFit(model, q, p, dt=0.1, segment=4, **opts)
+        model.zero_grad()
+        loss = t()
+        loss.backward()
+        grads.append((float(loss.detach()), [x.grad.clone() for x in model.parameters()]))
+    assert grads[0][0] == pytest.approx(grads[1][0], rel=1e-12)
+    for a, b in zip(grads[0][1], grads[1][1]):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_estimated_initial_states_beat_the_noisy_observations():
+    """SRNN's initial-state estimation: with the true H fixed, fitting the states to a whole noisy
+    trajectory brings them much closer to the clean states than the observations are."""
+    H = _oscillator()
+    q, p, (qc, pc) = _data(H, B=16, T=21, dt=0.15, noise=0.1, seed=1)
+    tf = TrajectoryFit(H, q, p, dt=0.15)
+    opt = torch.optim.Adam([tf.q_nodes, tf.p_nodes], lr=0.02)
+    for _ in range(60):
+        opt.zero_grad()
+        tf().backward()
+        opt.step()
+    q0, p0 = tf.initial_states()
+    err_est = ((q0 - qc[:, 0]) ** 2 + (p0 - pc[:, 0]) ** 2).mean()
+    err_obs = ((q[:, 0] - qc[:, 0]) ** 2 + (p[:, 0] - pc[:, 0]) ** 2).mean()
+    assert float(err_est) < 0.2 * float(err_obs)
+
+
+def test_fit_trains_model_and_states_and_the_model_alone_evaluates():
+    H = _oscillator()
+    q, p, _ = _data(H, B=8, T=13, noise=0.05, seed=2)
+    torch.manual_seed(0)
+    model = SeparableHNN(1, width=16)
+    tf = TrajectoryFit(model, q, p, dt=0.1, segment=3, method="verlet", substeps=2)
+    opt = tf.optimizer(lr=3e-3, state_lr=1e-3, weight_decay=1e-4)
+    assert [g["weight_decay"] for g in opt.param_groups] == [1e-4, 0.0]
+    assert [g["lr"] for g in opt.param_groups] == [3e-3, 1e-3]
+    states0 = tf.q_nodes.detach().clone()
+    first = float(tf().detach())
+    hist = fit(tf, TrajectoryFit.loss, tf.segments, steps=60, batch_size=16, optimizer=opt,
+               progress=False)
+    assert hist["loss"][-1] < 0.3 * first
+    assert not torch.equal(tf.q_nodes.detach(), states0)
+    # held-out trajectories: the model alone, no states
+    qt, pt, _ = _data(H, B=4, T=13, seed=3)
+    assert math.isfinite(float(rollout_mse(tf.model, qt, pt, dt=0.1)))
+
+
+def test_trajectory_fit_errors():
+    H = _oscillator()
+    q, p, _ = _data(H, B=3, T=13)
+    with pytest.raises(ValueError, match="shooting grid does not divide"):
+        TrajectoryFit(H, q, p, dt=0.1, segment=5)
+    with pytest.raises(ValueError, match="one state per trajectory and shooting node"):
+        TrajectoryFit(H, q, p, dt=0.1, segment=4, q0=torch.zeros(3, 1), p0=torch.zeros(3, 1))
+    with pytest.raises(ValueError, match="one state per trajectory"):
+        TrajectoryFit(H, q, p, dt=0.1, q0=torch.zeros(4, 1), p0=torch.zeros(4, 1))
+    with pytest.raises(ValueError, match="both q0 and p0"):
+        TrajectoryFit(H, q, p, dt=0.1, q0=torch.zeros(3, 1))
+    with pytest.raises(ValueError, match="segment must be an int"):
+        TrajectoryFit(H, q, p, dt=0.1, segment=0)
+    with pytest.raises(ValueError, match="continuity"):
+        TrajectoryFit(H, q, p, dt=0.1, continuity=-1.0)
+    with pytest.raises(ValueError, match="shape"):
+        TrajectoryFit(H, q[0], p[0], dt=0.1)
+    tf = TrajectoryFit(H, q, p, dt=0.1, segment=4, q0=q[:, :12:4] + 0.1, p0=p[:, :12:4])
+    assert torch.equal(tf.q_nodes.detach(), q[:, :12:4] + 0.1)
+    with pytest.raises(ValueError, match=r"segment ids must lie in \[0, 9\)"):
+        tf(torch.tensor([9]))
+    with pytest.raises(ValueError, match="integer tensor"):
+        tf(torch.tensor([0.0]))
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        tf.optimizer()
+
+
+# ---------------------------------------------------------------- modified Hamiltonians
+
+
+def _exact_modified_oscillator(method, h):
+    """The exact modified Hamiltonian of ``method`` at step h for H = (q² + p²)/2: the quadratic
+    invariant of the step matrix, scaled so that its time-h flow is the step."""
+    a = 1 - h * h / 4
+    c = math.acos(1 - h * h / 2) / (h * math.sqrt(a))
+    if method == "verlet":
+        return lambda q, p: c * 0.5 * ((p * p).sum(-1) + a * (q * q).sum(-1))
+    if method in ("symplectic_euler", "symplectic_euler_adjoint"):
+        s = -1 if method == "symplectic_euler" else 1
+        return lambda q, p: c * 0.5 * ((q * q + p * p).sum(-1) + s * h * (q * p).sum(-1))
+    return lambda q, p: 2 * math.atan(h / 2) / h * 0.5 * (q * q + p * p).sum(-1)
+
+
+def _grid():
+    g = torch.linspace(-1, 1, 7)
+    Q, P = torch.meshgrid(g, g, indexing="ij")
+    return Q.reshape(-1, 1), P.reshape(-1, 1)
+
+
+@pytest.mark.parametrize("method", sorted(SERIES))
+def test_series_and_correction_match_the_exact_modified_oscillator(method):
+    """The exact H̃ of the harmonic oscillator: our truncated series H + Δ_h[H] matches it to
+    O(h^r) (r = the truncation order: 4 for the symmetric methods, 3 for symplectic Euler), and correcting the exact H̃ recovers H to the same
+    order, far below |H̃ − H| = O(h^p).  The step is the method's own: the exact H̃ is checked to
+    be conserved by it to round-off."""
+    H = _oscillator()
+    Q, P = _grid()
+    p_order, rest = SERIES[method]
+    errs = []
+    for h in (0.1, 0.05):
+        exact = _exact_modified_oscillator(method, h)
+        q, p = tgi.rollout(H, torch.tensor([[0.7]]), torch.tensor([[0.2]]), h=h, steps=30, method=method)
+        e = exact(q, p)
+        assert float((e - e[0]).abs().max()) < 1e-14
+        series = float(hamiltonian_error(modified_hamiltonian(H, method, h), exact, Q, P))
+        corrected = float(hamiltonian_error(correct_hamiltonian(tgi.Hamiltonian(exact), method, h),
+                                            H.energy, Q, P))
+        raw = float(hamiltonian_error(tgi.Hamiltonian(exact), H.energy, Q, P))
+        errs.append((series, corrected, raw))
+        assert corrected < 0.02 * raw
+    rate = 2 ** rest
+    assert 0.75 * rate < errs[0][0] / errs[1][0] < 1.3 * rate
+    assert 0.75 * rate < errs[0][1] / errs[1][1] < 1.3 * rate
+    assert 0.75 * 2 ** p_order < errs[0][2] / errs[1][2] < 1.3 * 2 ** p_order
+
+
+def _coupled():
+    """A non-separable H in two degrees of freedom (mixed q–p terms)."""
+    def H(q, p):
+        return (0.5 * (p * p).sum(-1) * (1 + 0.3 * torch.sin(q[..., 0]))
+                + 0.2 * q[..., 0] * p[..., 1] + (1 - torch.cos(q)).sum(-1) + 0.1 * q[..., 0] * q[..., 1])
+    return tgi.Hamiltonian(H)
+
+
+@pytest.mark.parametrize("method", sorted(SERIES))
+@pytest.mark.parametrize("system", ["pendulum", "coupled"])
+def test_modified_hamiltonian_is_conserved_to_higher_order(method, system):
+    """Along the method's own trajectories H oscillates by O(h^p), the truncated H̃_h by
+    O(h^r) only: halving h divides its oscillation by ≈ 2^r."""
+    if system == "pendulum":
+        H, q0, p0 = _pendulum(), torch.tensor([[1.0]]), torch.tensor([[0.3]])
+    else:
+        H, q0, p0 = _coupled(), torch.tensor([[0.8, -0.4]]), torch.tensor([[0.3, 0.5]])
+    p_order, rest = SERIES[method]
+    out = []
+    for h in (0.1, 0.05):
+        q, p = tgi.rollout(H, q0, p0, h=h, steps=round(2 / h), method=method)
+        e, m = H.energy(q, p), modified_hamiltonian(H, method, h).energy(q, p).detach()
+        out.append((float((e - e[0]).abs().max()), float((m - m[0]).abs().max())))
+    assert out[0][1] < 0.05 * out[0][0]
+    assert 0.7 * 2 ** rest < out[0][1] / out[1][1] < 1.4 * 2 ** rest
+    assert 0.7 * 2 ** p_order < out[0][0] / out[1][0] < 1.4 * 2 ** p_order
+
+
+def test_correction_of_a_learned_model_is_a_differentiable_hamiltonian():
+    torch.manual_seed(0)
+    model = SeparableHNN(1, width=8)
+    corr = CorrectedHamiltonian(model, "verlet", 0.1)
+    assert corr.iterations == 1 and CorrectedHamiltonian(model, "symplectic_euler", 0.1).iterations == 2
+    q, p = torch.randn(5, 1), torch.randn(5, 1)
+    corr.energy(q, p).sum().backward()                        # gradients reach the parameters
+    assert all(x.grad is not None and float(x.grad.abs().sum()) > 0 for x in model.parameters())
+    with torch.no_grad():
+        qs, ps = tgi.rollout(corr, q, p, h=0.1, steps=5, method="implicit_midpoint")
+    assert qs.shape == (6, 5, 1) and bool(torch.isfinite(qs).all())
+    # the correction is O(h²): small against H_θ's own variation
+    d = (corr.energy(q, p) - model.energy(q, p)).detach()
+    assert float((d - d.mean()).abs().max()) < 0.1 * float(model.energy(q, p).detach().std())
+
+
+def test_correction_errors():
+    H = _oscillator()
+    for bad in ("yoshida4", "implicit_midpoint_yoshida4", tgi.METHODS["suzuki4"]):
+        with pytest.raises(ValueError, match="no modified-Hamiltonian series"):
+            correct_hamiltonian(H, bad, 0.1)
+        with pytest.raises(ValueError, match="no modified-Hamiltonian series"):
+            ModifiedHamiltonian(H, bad, 0.1)
+    assert correct_hamiltonian(H, tgi.METHODS["verlet"], 0.1).method == "verlet"
+    with pytest.raises(ValueError, match="h must be"):
+        correct_hamiltonian(H, "verlet", 0.0)
+    with pytest.raises(ValueError, match="iterations"):
+        correct_hamiltonian(H, "verlet", 0.1, iterations=0)
+
+
+def test_separable_verlet_term_equals_the_general_formula():
+    """For H = T + V the separable form h²(V''(T',T')/12 − T''(V',V')/24) that a SeparableHNN
+    gets is the general verlet term; the corrected model agrees both ways."""
+    from torchgeo_int.nn.correction import series_terms
+    torch.manual_seed(1)
+    q, p = torch.randn(7, 2), torch.randn(7, 2)
+    for H in (_pendulum(), SeparableHNN(2, width=8)):
+        fast = series_terms(H, q, p, "verlet", 0.3).detach()
+        general = series_terms(lambda a, b: H.energy(a, b), q, p, "verlet", 0.3).detach()
+        torch.testing.assert_close(fast, general, rtol=1e-10, atol=1e-13)
+        assert float(fast.abs().max()) > 1e-4

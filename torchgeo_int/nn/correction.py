@@ -1,0 +1,201 @@
+r"""Modified Hamiltonians of symplectic methods, and the correction of a learned one.
+
+Backward error analysis (Hairer, Lubich & Wanner, *Geometric Numerical Integration*, ch. IX): a
+symplectic method Φ_h of order p applied to H is, to all orders in h, the exact time-h flow of a
+*modified Hamiltonian*  H̃_h = H + h^p H_p[H] + h^{p+1} H_{p+1}[H] + ….  A model H_θ trained
+through Φ_h on data of the true flow therefore learns H̃_h ≈ H_true, i.e. H_θ ≈ H_true + h^p H_p +
+…: the integrator's error is baked into the model.  David & Méhats (J. Comput. Phys. 2023)
+remove it afterwards: H_θ ↦ H_θ − h^p H_p[H_θ] − …, which recovers H_true to the next order,
+so the corrected model can be rolled out by another method or step, or its energy read.
+
+With {F, G} = F_q·G_p − F_p·G_q, f = X_H = (H_p, −H_q), K = H_pp(H_q, H_q) + H_qq(H_p, H_p) +
+4 Σ_ij ∂²H/∂q_i∂p_j H_{p_i} H_{q_j}, the series implemented here (HLW IX.1–IX.4, derived for
+this library's conventions; the tests check each against the exact modified Hamiltonian of the
+harmonic oscillator and by conservation along the method's own trajectories):
+
+* ``symplectic_euler`` (H at (q_k, p_{k+1}))   H̃ = H − (h/2) H_p·H_q + (h²/12) K + O(h³)
+* ``symplectic_euler_adjoint``               H̃ = H + (h/2) H_p·H_q + (h²/12) K + O(h³)
+* ``verlet`` (= symplectic Euler ∘ its adjoint at h/2; kick–drift–kick for H = T + V)
+                                            H̃ = H + h² (K/48 − {H, H_p·H_q}/16) + O(h⁴)
+  (for H = T(p) + V(q): H + h² (V''(T', T')/12 − T''(V', V')/24))
+* ``implicit_midpoint``                      H̃ = H − (h²/24) H''(f, f) + O(h⁴)
+
+The correction inverts the series by fixed-point iteration, H⁽⁰⁾ = H̃, H⁽ᵏ⁺¹⁾ = H̃ − Δ_h[H⁽ᵏ⁾]
+with Δ_h[F] = (the truncated series of F) − F; each iteration gains h^p, and the default number
+of iterations reaches the truncation order (one for verlet and midpoint: H + O(h⁴); two for
+symplectic Euler: H + O(h³)).  Every term is computed with autograd (gradients, Hessian–vector
+products) and keeps the graph, so the corrected H has an autograd field X_H like any model.
+Higher-order compositions (yoshida4, …) have an O(h⁴) leading term not implemented here: asking
+for their correction is an error.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..integrators import Integrator
+from ..rollout import as_system
+from ..systems import Hamiltonian, SeparableHamiltonian
+
+Tensor = torch.Tensor
+
+#: method → (order p of the leading term, order of the truncation error: the first term not
+#: implemented; a symmetric method's series has even powers of h only)
+SERIES = {"symplectic_euler": (1, 3), "symplectic_euler_adjoint": (1, 3), "verlet": (2, 4),
+          "implicit_midpoint": (2, 4)}
+
+
+def _method_name(method) -> str:
+    name = method.name if isinstance(method, Integrator) else method
+    if not isinstance(name, str) or name not in SERIES:
+        raise ValueError(f"no modified-Hamiltonian series for method {name!r}: it is implemented for "
+                         f"{', '.join(SERIES)} (a higher-order method's leading term is O(h⁴) or "
+                         "smaller; train through one of these to correct the model)")
+    return name
+
+
+def _derivatives(H, q, p):
+    """H, ∇H = (H_q, H_p) with the graph kept (so everything built on them is differentiable)."""
+    with torch.enable_grad():
+        q = q if q.requires_grad else q.detach().requires_grad_()
+        p = p if p.requires_grad else p.detach().requires_grad_()
+        E = H(q, p)
+        Hq, Hp = torch.autograd.grad(E.sum(), (q, p), create_graph=True)
+    return q, p, E, Hq, Hp
+
+
+def _hvp(Hq, Hp, q, p, vq, vp):
+    """H''·v for v = (vq, vp): the (q, p) parts of ∇(∇H·v) with v held fixed; differentiable in v
+    too (autograd treats grad_outputs as inputs of the double-backward graph)."""
+    gq, gp = torch.autograd.grad((Hq, Hp), (q, p), grad_outputs=(vq, vp), create_graph=True,
+                                 allow_unused=True)
+    return (torch.zeros_like(q) if gq is None else gq), (torch.zeros_like(p) if gp is None else gp)
+
+
+def _K(Hq, Hp, q, p):
+    """H_pp(H_q, H_q) + H_qq(H_p, H_p) + 4 Σ H_{q_i p_j} H_{p_i} H_{q_j}."""
+    aq, ap = _hvp(Hq, Hp, q, p, torch.zeros_like(Hq), Hq)     # (H_qp H_q, H_pp H_q)
+    bq, _ = _hvp(Hq, Hp, q, p, Hp, torch.zeros_like(Hp))      # (H_qq H_p, ·)
+    dot = lambda a, b: (a * b).sum(-1)                         # noqa: E731
+    return dot(ap, Hq) + dot(bq, Hp) + 4 * dot(aq, Hp)
+
+
+def _verlet_separable(T, V, q, p, h):
+    """Verlet's h² term for H = T(p) + V(q): h² (V''(T', T')/12 − T''(V', V')/24), two
+    Hessian–vector products of one network each (what the general formula reduces to)."""
+    with torch.enable_grad():
+        q = q if q.requires_grad else q.detach().requires_grad_()
+        p = p if p.requires_grad else p.detach().requires_grad_()
+        dV, = torch.autograd.grad(V(q).sum(), q, create_graph=True)
+        dT, = torch.autograd.grad(T(p).sum(), p, create_graph=True)
+        VT, = torch.autograd.grad(dV, q, grad_outputs=dT, create_graph=True)
+        TV, = torch.autograd.grad(dT, p, grad_outputs=dV, create_graph=True)
+    return h * h * ((VT * dT).sum(-1) / 12 - (TV * dV).sum(-1) / 24)
+
+
+def _split(H):
+    """(T, V) of an autonomous SeparableHamiltonian, else None."""
+    if isinstance(H, SeparableHamiltonian) and not H.time_dependent:
+        return H.kinetic, H.potential
+    return None
+
+
+def series_terms(H, q: Tensor, p: Tensor, method, h: float) -> Tensor:
+    r"""Δ_h[H](q, p) = H̃_h − H, the implemented terms of the modified-Hamiltonian series of
+    ``method`` at step ``h`` (see the module docstring), shape ``q.shape[:-1]``.  ``H`` is a
+    callable H(q, p) (a model, a System's ``energy``); for verlet on an autonomous
+    :class:`~torchgeo_int.SeparableHamiltonian` (a ``SeparableHNN``) the separable form is used."""
+    name = _method_name(method)
+    parts = _split(H) if name == "verlet" else None
+    if parts is not None:
+        return _verlet_separable(*parts, q, p, h)
+    with torch.enable_grad():
+        q, p, E, Hq, Hp = _derivatives(H, q, p)
+        dot = lambda a, b: (a * b).sum(-1)                     # noqa: E731
+        if name in ("symplectic_euler", "symplectic_euler_adjoint"):
+            sign = -1.0 if name == "symplectic_euler" else 1.0
+            return sign * (h / 2) * dot(Hp, Hq) + (h * h / 12) * _K(Hq, Hp, q, p)
+        if name == "verlet":
+            G = dot(Hp, Hq)
+            Gq, Gp = torch.autograd.grad(G.sum(), (q, p), create_graph=True)
+            bracket = dot(Hq, Gp) - dot(Hp, Gq)                # {H, H_p·H_q}
+            return h * h * (_K(Hq, Hp, q, p) / 48 - bracket / 16)
+        # implicit midpoint: −(h²/24) H''(f, f), f = (H_p, −H_q)
+        fq, fp = Hp, -Hq
+        gq, gp = _hvp(Hq, Hp, q, p, fq, fp)
+        return -(h * h / 24) * (dot(gq, fq) + dot(gp, fp))
+
+
+def _energy(H):
+    system = as_system(H)
+    if getattr(system, "time_dependent", False):
+        raise NotImplementedError("the modified-Hamiltonian series here are for autonomous H(q, p)")
+    if not hasattr(system, "energy"):
+        raise TypeError(f"{type(system).__name__} has no energy: a Hamiltonian is needed")
+    return system, (lambda q, p: system.energy(q, p))
+
+
+def _check_h(h):
+    if isinstance(h, bool) or not isinstance(h, (int, float)) or not math.isfinite(h) or h == 0:
+        raise ValueError(f"h must be a finite nonzero number, got {h!r}")
+    return float(h)
+
+
+class ModifiedHamiltonian(Hamiltonian):
+    r"""H̃_h = H + Δ_h[H]: the truncated modified Hamiltonian of ``method`` at step ``h`` for a
+    Hamiltonian ``H`` (a System or a callable H(q, p)); a :class:`~torchgeo_int.Hamiltonian`, so it
+    can be rolled out, and its ``energy`` is (nearly) conserved by ``method`` at step ``h``:
+    to O(h^r) over bounded times, r the truncation order (``SERIES[method][1]``)."""
+
+    def __init__(self, H, method, h: float):
+        super().__init__(None, time_dependent=False)
+        self.method, self.h = _method_name(method), _check_h(h)
+        self.base, self._E = _energy(H)
+
+    def hamiltonian(self, q, p, t=0.0):
+        return self._E(q, p) + series_terms(self.base, q, p, self.method, self.h)
+
+
+class CorrectedHamiltonian(Hamiltonian):
+    r"""The correction of a Hamiltonian ``model`` learned through ``method`` at step ``h``
+    (David & Méhats 2023): the H with modified Hamiltonian H̃_h = ``model``, to the order of the
+    implemented series, by ``iterations`` fixed-point steps H⁽ᵏ⁺¹⁾ = H_θ − Δ_h[H⁽ᵏ⁾]
+    (default: enough to reach it; one for verlet / implicit midpoint, where
+    H⁽¹⁾ = H_θ − h² H_2[H_θ]).  Roll it out with any method or step (dopri5 at tight tolerance
+    reads off the flow of the corrected H), or evaluate its energy.  Parameters stay the model's:
+    gradients reach them (each iteration adds two orders of autograd, so prefer it for
+    evaluation)."""
+
+    def __init__(self, model, method, h: float, *, iterations: int | None = None):
+        super().__init__(None, time_dependent=False)
+        self.method, self.h = _method_name(method), _check_h(h)
+        self.model, self._E = _energy(model)
+        p, rest = SERIES[self.method]
+        need = math.ceil(rest / p) - 1
+        if iterations is None:
+            iterations = need
+        if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+            raise ValueError(f"iterations must be an int >= 1, got {iterations!r}")
+        self.iterations = iterations
+
+    def hamiltonian(self, q, p, t=0.0):
+        E = self._E
+        F = self.model            # the first iteration sees the model itself (separable forms)
+        for _ in range(self.iterations):
+            F = (lambda prev: (lambda q_, p_: E(q_, p_) - series_terms(prev, q_, p_, self.method, self.h)))(F)
+        return F(q, p)
+
+
+def modified_hamiltonian(H, method, h: float) -> ModifiedHamiltonian:
+    """:class:`ModifiedHamiltonian` (H̃_h of ``method`` for ``H``)."""
+    return ModifiedHamiltonian(H, method, h)
+
+
+def correct_hamiltonian(model, method, h: float, *, iterations: int | None = None) -> CorrectedHamiltonian:
+    """:class:`CorrectedHamiltonian` (H with H̃_h = ``model``)."""
+    return CorrectedHamiltonian(model, method, h, iterations=iterations)
+
+
+__all__ = ["ModifiedHamiltonian", "CorrectedHamiltonian", "modified_hamiltonian",
+           "correct_hamiltonian", "series_terms", "SERIES"]
