@@ -145,7 +145,7 @@ def test_hnn_demo_progress_labels_are_human():
     arm = next(a for a in hnn_train.arms(task, windows=(5,)) if a.key == "b5")
     assert "5 verlet steps" in arm.label and "b5" not in arm.label
     src = (ROOT / "experiments" / "hnn" / "train.py").read_text()
-    assert 'desc=f"{task.name}, {arm.label}, seed {seed}"' in src
+    assert 'f"{task.name}, {arm.label}, seed {seed}"' in src
 
 
 # -- the demo: what it prints and writes ----------------------------------------------------------
