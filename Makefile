@@ -34,7 +34,8 @@ demo: $(VENV)/.installed
 	$(PY) experiments/demo.py
 
 bench: $(VENV)/.installed
-	@echo "[make] running the benchmarks (about 6 minutes)"
+	@echo "[make] running the benchmarks (about 10 minutes)"
+	@$(PY) -m pip install -q $(PIP_TORCH) -e '.[bench]' || echo "numba not installed: the limits benchmark skips its numba rows"
 	$(PY) -m experiments.bench
 
 clean:

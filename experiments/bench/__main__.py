@@ -1,6 +1,7 @@
 """``python -m experiments.bench [--quick] [--only NAME ...] [--skip NAME ...]``: every benchmark.
 
-Runs throughput, work_precision, training_cost, memory (when ``experiments/bench/memory.py`` is
+Runs throughput, limits (ours against a numba loop, the practical CPU limit: needs the optional
+``bench`` extra, else its numba rows are skipped with a note), work_precision, training_cost, memory (when ``experiments/bench/memory.py`` is
 there; at its --quick size unless --full-memory) and, on a machine with CUDA, gpu; each writes
 its markdown/JSON/PNG under results/bench/,
 and results/bench/index.md lists them with their run times.  Not run from here, since it needs
@@ -22,7 +23,7 @@ import torch
 
 from . import common
 
-BENCHES = ["throughput", "work_precision", "training_cost", "memory", "gpu"]
+BENCHES = ["throughput", "limits", "work_precision", "training_cost", "memory", "gpu"]
 
 
 def _available(name):

@@ -1,0 +1,553 @@
+"""Limits: the configurations users run, side by side with the practical CPU limit.
+
+    python -m experiments.bench.limits [--quick] [--batches 1 64 4096 65536] [--configs ...]
+                                       [--sections table training odeint midpoint small]
+
+The limit is a numba ``@njit`` loop (the optional ``bench`` extra: ``pip install
+'torchgeo_int[bench]'``): Störmer–Verlet as an FSAL kick–drift–kick loop over the batch, every
+state stored into preallocated arrays, the force q/|q|³ in scalars.  Without numba its rows are
+skipped (said in the output) and the ratios are to the hand-written torch loop instead.
+
+Kepler (e = 0.6, each trajectory's eccentricity perturbed by ±2 %), h = 0.01, float64, one CPU
+thread, **every state kept**; each configuration returns the whole trajectory.  For each batch
+size every configuration runs side by side in rounds (best of ``--repeats``, more rounds when the
+runs are short), so the ratios compare runs of the same moment of a shared machine.  Rows:
+
+* ``numba loop`` — the limit (the denominator of every ratio); ``numba store only`` copies the
+  state into the output, step after step: the memory traffic alone;
+* ``torch hand loop`` — the same kick–drift–kick in eager torch, states written straight into
+  preallocated outputs (``out=``), the closed-form force of ``common.kepler``: the eager limit;
+* ``rollout verlet`` under ``torch.no_grad()``; ``… grad mode on``: the same call without
+  ``no_grad`` (nothing requires grad: the README tour's way); ``… compile=True`` both ways;
+* ``energies``: ``SeparableHamiltonian(kinetic, potential)`` given as energies only (∂T/∂p and
+  ∂V/∂q by autograd), eager and ``compile=True``;
+* ``yoshida4`` (3 forces a step); ``torchdiffeq rk4`` (4 evaluations a step, one per interval of
+  the output grid); ``torchode`` / ``diffrax`` rows when those packages are installed.
+
+Sections besides the table (``--sections``):
+
+* ``training``: one training step (forward + backward + Adam) of a 10-step Verlet rollout loss
+  through a ``SeparableHNN`` (batch 256, width 200, float32) against derivative matching of the
+  same model on the same batch (all 11 states of each window);
+* ``odeint``: ``tgi.odeint(func, (q0, p0), t, method="verlet", options=dict(separable=True,
+  step_size=h))`` with an analytic ``func`` against a hand loop that calls the same ``func``
+  twice a step (the same evaluations), B = 4096, final state only;
+* ``midpoint``: ``implicit_midpoint`` (B = 256, every state kept), eager and ``compile=True``,
+  against a per-trajectory numba fixed-point loop (same tolerance, convergence checked every
+  iteration, warm start from the last stage derivative);
+* ``small``: B = 1, ``compile=True`` µs per Verlet step and compile time, with inductor's
+  defaults and with ``cpp_wrapper=True``, final state only and every state kept.
+
+Writes results/bench/limits.{md,json}.  ns / step·traj = time / (steps × batch).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import math
+import time
+
+import numpy as np
+import torch
+
+import torchgeo_int as tgi
+
+from . import common
+from .throughput import grad_V, kepler_batch, warnings_off
+
+H = 0.01
+BATCHES = [1, 64, 4096, 65536]
+QUICK_BATCHES = [1, 256]
+SECTIONS = ["table", "training", "odeint", "midpoint", "small"]
+#: state·steps per run (≈ 0.1–1 s at the limit's speed); steps capped at MAX_STEPS.
+WORK, QUICK_WORK, MAX_STEPS, MIN_STEPS = 2 ** 23, 2 ** 14, 2000, 64
+
+
+def steps_for(batch, quick):
+    work = QUICK_WORK if quick else WORK
+    return int(max(MIN_STEPS, min(MAX_STEPS if not quick else MIN_STEPS, work // batch)))
+
+
+def has(module) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+NO_NUMBA = ("numba is not installed (pip install 'torchgeo_int[bench]'): the numba rows are "
+            "skipped and the ratios are to the torch hand loop")
+
+# ----------------------------------------------------------------------------------------------
+# The limit: numba loops
+
+
+_NUMBA: dict = {}
+
+
+def numba_kernels():
+    """The jitted loops (compiled once per process; numba must be installed)."""
+    if _NUMBA:
+        return _NUMBA
+    import numba
+
+    @numba.njit(cache=False)
+    def kdk(q0, p0, h, steps, qs, ps):
+        """Verlet, FSAL: one force a step; state n of trajectory i in qs[n, i], ps[n, i]."""
+        B = q0.shape[0]
+        g = np.empty((B, 2))
+        for i in range(B):
+            x, y = q0[i, 0], q0[i, 1]
+            r = math.sqrt(x * x + y * y)
+            c = 1.0 / (r * r * r)
+            g[i, 0], g[i, 1] = x * c, y * c
+            qs[0, i, 0], qs[0, i, 1], ps[0, i, 0], ps[0, i, 1] = x, y, p0[i, 0], p0[i, 1]
+        a = 0.5 * h
+        for n in range(steps):
+            for i in range(B):
+                px = ps[n, i, 0] - a * g[i, 0]
+                py = ps[n, i, 1] - a * g[i, 1]
+                x = qs[n, i, 0] + h * px
+                y = qs[n, i, 1] + h * py
+                r = math.sqrt(x * x + y * y)
+                c = 1.0 / (r * r * r)
+                gx, gy = x * c, y * c
+                g[i, 0], g[i, 1] = gx, gy
+                qs[n + 1, i, 0], qs[n + 1, i, 1] = x, y
+                ps[n + 1, i, 0], ps[n + 1, i, 1] = px - a * gx, py - a * gy
+
+    @numba.njit(cache=False)
+    def store(q0, p0, steps, qs, ps):
+        """The same stores and loads, no arithmetic: the memory traffic of keeping every state."""
+        qs[0], ps[0] = q0, p0
+        for n in range(steps):
+            for i in range(q0.shape[0]):
+                qs[n + 1, i, 0], qs[n + 1, i, 1] = qs[n, i, 0], qs[n, i, 1]
+                ps[n + 1, i, 0], ps[n + 1, i, 1] = ps[n, i, 0], ps[n, i, 1]
+
+    @numba.njit(cache=False)
+    def midpoint(q0, p0, h, steps, tol, max_iter, qs, ps):
+        """Implicit midpoint per trajectory: k = X_H(z + h/2 k) by fixed point (warm start from
+        the last k; stop when max(|Δk_q|∞/(1+|k_q|∞), |Δk_p|∞/(1+|k_p|∞)) ≤ tol), z += h k.
+        Returns the total number of iterations (-1 if some step did not converge)."""
+        total = 0
+        for i in range(q0.shape[0]):
+            x, y, u, v = q0[i, 0], q0[i, 1], p0[i, 0], p0[i, 1]
+            qs[0, i, 0], qs[0, i, 1], ps[0, i, 0], ps[0, i, 1] = x, y, u, v
+            r = math.sqrt(x * x + y * y)
+            c = 1.0 / (r * r * r)
+            kx, ky, ku, kv = u, v, -x * c, -y * c
+            for n in range(steps):
+                done = False
+                for _ in range(max_iter):
+                    mx, my = x + 0.5 * h * kx, y + 0.5 * h * ky
+                    nkx, nky = u + 0.5 * h * ku, v + 0.5 * h * kv
+                    r = math.sqrt(mx * mx + my * my)
+                    c = 1.0 / (r * r * r)
+                    nku, nkv = -mx * c, -my * c
+                    dq = max(abs(nkx - kx), abs(nky - ky)) / (1.0 + max(abs(kx), abs(ky)))
+                    dp = max(abs(nku - ku), abs(nkv - kv)) / (1.0 + max(abs(ku), abs(kv)))
+                    kx, ky, ku, kv = nkx, nky, nku, nkv
+                    total += 1
+                    if max(dq, dp) <= tol:
+                        done = True
+                        break
+                if not done:
+                    return -1
+                x, y, u, v = x + h * kx, y + h * ky, u + h * ku, v + h * kv
+                qs[n + 1, i, 0], qs[n + 1, i, 1], ps[n + 1, i, 0], ps[n + 1, i, 1] = x, y, u, v
+        return total
+
+    _NUMBA.update(kdk=kdk, store=store, midpoint=midpoint)
+    z = np.zeros((1, 2))
+    q, p = np.array([[0.4, 0.0]]), np.array([[0.0, 2.0]])
+    kdk(q, p, H, 1, np.zeros((2, 1, 2)), np.zeros((2, 1, 2)))      # compile outside the timings
+    store(z, z, 1, np.zeros((2, 1, 2)), np.zeros((2, 1, 2)))
+    midpoint(q, p, H, 1, 1e-13, 100, np.zeros((2, 1, 2)), np.zeros((2, 1, 2)))
+    return _NUMBA
+
+
+def _np_out(q0, steps):
+    return np.empty((steps + 1, *q0.shape)), np.empty((steps + 1, *q0.shape))
+
+
+def numba_verlet(q0, p0, steps):
+    qs, ps = _np_out(q0, steps)
+    numba_kernels()["kdk"](q0.numpy(), p0.numpy(), H, steps, qs, ps)
+    return torch.from_numpy(qs), torch.from_numpy(ps)
+
+
+def numba_store(q0, p0, steps):
+    qs, ps = _np_out(q0, steps)
+    numba_kernels()["store"](q0.numpy(), p0.numpy(), steps, qs, ps)
+    return torch.from_numpy(qs), torch.from_numpy(ps)
+
+
+def numba_midpoint(q0, p0, steps, max_iter=100):
+    qs, ps = _np_out(q0, steps)
+    tol = tgi.default_tol(torch.float64)
+    its = numba_kernels()["midpoint"](q0.numpy(), p0.numpy(), H, steps, tol, max_iter, qs, ps)
+    if its < 0:
+        raise tgi.ConvergenceError("the numba midpoint loop did not converge", iterations=max_iter,
+                                   residual=float("nan"), tol=tol)
+    return torch.from_numpy(qs), torch.from_numpy(ps)
+
+
+# ----------------------------------------------------------------------------------------------
+# The torch configurations (each returns every state: (steps + 1, B, 2) twice)
+
+
+def hand_torch(q0, p0, steps):
+    """FSAL kick–drift–kick in eager torch, each state written into the output (out=)."""
+    qs = torch.empty((steps + 1, *q0.shape), dtype=q0.dtype)
+    ps = torch.empty_like(qs)
+    qs[0], ps[0] = q0, p0
+    g = grad_V(q0)
+    for n in range(steps):
+        ph = torch.add(ps[n], g, alpha=-0.5 * H)
+        torch.add(qs[n], ph, alpha=H, out=qs[n + 1])
+        g = grad_V(qs[n + 1])
+        torch.add(ph, g, alpha=-0.5 * H, out=ps[n + 1])
+    return qs, ps
+
+
+def energy_kepler():
+    """Kepler given by its energies only: ∂T/∂p and ∂V/∂q come from autograd."""
+    return tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: -1.0 / q.norm(dim=-1))
+
+
+def flat_field(system):
+    return common.FlatField(system, (2,))
+
+
+def configurations(system, names=None):
+    """name -> (fn(q0, p0, steps) -> (qs, ps), no_grad).  ``system``: the closed-form Kepler."""
+    energies = energy_kepler()
+
+    def ours(method, compile=False, sys=system):
+        def run(q0, p0, steps):
+            return tgi.rollout(sys, q0, p0, h=H, steps=steps, method=method, compile=compile)
+        return run
+
+    out = {}
+    if has("numba"):
+        out["numba loop"] = (numba_verlet, True)
+        out["numba store only"] = (numba_store, True)
+    out["torch hand loop"] = (hand_torch, True)
+    out["rollout verlet"] = (ours("verlet"), True)
+    out["rollout verlet, grad mode on"] = (ours("verlet"), False)
+    out["rollout verlet compile=True"] = (ours("verlet", compile=True), True)
+    out["rollout verlet compile=True, grad mode on"] = (ours("verlet", compile=True), False)
+    out["energies (autograd forces)"] = (ours("verlet", sys=energies), True)
+    out["energies compile=True"] = (ours("verlet", compile=True, sys=energies), True)
+    out["rollout yoshida4"] = (ours("yoshida4"), True)
+
+    def rk4(q0, p0, steps):
+        func = flat_field(system)
+        t = torch.arange(steps + 1, dtype=q0.dtype) * H
+        import torchdiffeq
+        ys = torchdiffeq.odeint(func, func.flatten(q0, p0), t, method="rk4")
+        return func.unflatten(ys)
+    out["torchdiffeq rk4"] = (rk4, True)
+
+    if has("torchode"):
+        out["torchode rk4"] = (torchode_rk4(system), True)
+    if has("diffrax") and has("jax"):
+        out["diffrax SemiImplicitEuler (JAX, jit)"] = (diffrax_semi_implicit(), True)
+    return {k: v for k, v in out.items() if names is None or k in names}
+
+
+def torchode_rk4(system):
+    """torchode's fixed-step RK4 on the flat field, every state on the grid (its own loop)."""
+    import torchode
+
+    def run(q0, p0, steps):
+        func = flat_field(system)
+        y0 = func.flatten(q0, p0)
+        t = (torch.arange(steps + 1, dtype=q0.dtype) * H).expand(y0.shape[0], -1)
+        term = torchode.ODETerm(lambda t, y: func(t, y))
+        solver = torchode.AutoDiffAdjoint(torchode.RK4(term), torchode.FixedStepController())
+        sol = solver.solve(torchode.InitialValueProblem(y0=y0, t_eval=t), dt0=torch.full((y0.shape[0],), H, dtype=q0.dtype))
+        return func.unflatten(sol.ys.transpose(0, 1))
+    return run
+
+
+def diffrax_semi_implicit():
+    """diffrax's SemiImplicitEuler (JAX, jit, float64), the whole batch as one state, every
+    step saved.  (Not Verlet: diffrax has no Störmer–Verlet; the issue's reference row.)"""
+    import jax
+    import diffrax
+
+    jax.config.update("jax_enable_x64", True)
+    cache = {}
+
+    def run(q0, p0, steps):
+        key = (tuple(q0.shape), steps)
+        if key not in cache:
+            def fq(t, p, args):
+                return p
+
+            def fp(t, q, args):
+                r = jax.numpy.linalg.norm(q, axis=-1, keepdims=True)
+                return -q / r ** 3
+            terms = (diffrax.ODETerm(fq), diffrax.ODETerm(fp))
+
+            @jax.jit
+            def solve(q, p):
+                return diffrax.diffeqsolve(terms, diffrax.SemiImplicitEuler(), 0.0, steps * H, H,
+                                           (q, p), saveat=diffrax.SaveAt(steps=True),
+                                           max_steps=steps).ys
+            cache[key] = solve
+        qs, ps = cache[key](q0.numpy(), p0.numpy())
+        qs, ps = torch.from_numpy(np.asarray(qs)), torch.from_numpy(np.asarray(ps))
+        return torch.cat([q0[None], qs]), torch.cat([p0[None], ps])
+    return run
+
+
+# ----------------------------------------------------------------------------------------------
+# Measuring
+
+
+def _ctx(no_grad):
+    return torch.no_grad() if no_grad else contextlib.nullcontext()
+
+
+def side_by_side(confs, q0, p0, steps, repeats, budget=0.3, every=True):
+    """{name: dict(seconds, first_call_s, rounds, max_diff)}: a warm-up (compile) call of each,
+    then rounds of all of them; max_diff: max |Δ| of the final state from the first config's."""
+    rows, ref = {}, None
+    with warnings_off():
+        for name, (fn, no_grad) in confs.items():
+            with _ctx(no_grad):
+                (qs, ps), s = common.timed(lambda: fn(q0, p0, steps))
+            if every and qs.shape[0] != steps + 1:
+                raise AssertionError(f"{name}: {qs.shape[0]} states, expected {steps + 1}")
+            if ref is None:
+                ref = (qs[-1], ps[-1])
+            diff = float(torch.maximum((qs[-1] - ref[0]).abs().max(), (ps[-1] - ref[1]).abs().max()))
+            rows[name] = dict(first_call_s=s, max_diff=diff, requires_grad=bool(qs.requires_grad))
+            del qs, ps
+        shortest = min(r["first_call_s"] for r in rows.values())
+        rounds = min(30, max(repeats, math.ceil(budget / max(shortest, 1e-3))))
+        best = {name: math.inf for name in confs}
+        for _ in range(rounds):
+            for name, (fn, no_grad) in confs.items():
+                with _ctx(no_grad):
+                    out, s = common.timed(lambda: fn(q0, p0, steps))
+                del out
+                best[name] = min(best[name], s)
+    for name, r in rows.items():
+        r.update(seconds=best[name], rounds=rounds)
+    return rows
+
+
+def table(args):
+    batches = args.batches or (QUICK_BATCHES if args.quick else BATCHES)
+    rows = []
+    for batch in common.progress(batches, args=args, desc="limits"):
+        system, q0, p0 = kepler_batch(batch)
+        steps = args.steps or steps_for(batch, args.quick)
+        confs = configurations(system, args.configs)
+        res = side_by_side(confs, q0, p0, steps, args.repeats)
+        den = "numba loop" if "numba loop" in res else "torch hand loop"
+        for name, r in res.items():
+            rows.append(dict(config=name, batch=batch, steps=steps, **r,
+                             ns=1e9 * r["seconds"] / (steps * batch),
+                             ratio=r["seconds"] / res[den]["seconds"] if den in res else None,
+                             denominator=den))
+    return rows
+
+
+def pivot(rows, key="ratio"):
+    """Configuration rows × batch columns: the limit in ns, the others as ×ratio."""
+    batches = sorted({r["batch"] for r in rows})
+    by = {(r["config"], r["batch"]): r for r in rows}
+    names = list(dict.fromkeys(r["config"] for r in rows))
+    den = rows[0]["denominator"] if rows else "numba loop"
+    lines = ["| configuration | " + " | ".join(f"B = {b}" for b in batches) + " |",
+             "|---" * (len(batches) + 1) + "|"]
+    for name in names:
+        cells = []
+        for b in batches:
+            r = by.get((name, b))
+            if r is None:
+                cells.append("—")
+            elif name == den:
+                cells.append(f"{r['ns']:.3g} ns")
+            else:
+                cells.append(f"×{r[key]:.3g}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def training(args):
+    """ms per training step: 10-step Verlet rollout loss vs derivative matching, SeparableHNN."""
+    from torchgeo_int import nn as tnn
+
+    from . import training_cost as tc
+
+    batch, window, width = (32, 3, 32) if args.quick else (256, 10, 200)
+    data = tc.make_data(batch, window)
+    make = lambda: tnn.SeparableHNN(1, width=width, depth=2)  # noqa: E731
+    confs = {"derivative matching": lambda m, d: tc.derivative_loss(m, d[0], d[1], d[2], d[3]),
+             "rollout loss, verlet": lambda m, d: tc.rollout_loss(m, "verlet", d[0], d[1])}
+    repeats = 2 if args.quick else 7
+    rows, best = [], {}
+    for _ in range(1 if args.quick else 2):       # two interleaved passes: best of both
+        for name, loss in confs.items():
+            r = tc.measure(name, make, loss, data, repeats, "cpu")
+            best[name] = min(best.get(name, math.inf), r["ms_per_step"])
+    for name in confs:
+        rows.append(dict(config=name, ms_per_step=best[name],
+                         vs_derivative=best[name] / best["derivative matching"]))
+    setup = (f"SeparableHNN(1, width={width}, depth=2), pendulum windows: batch {batch}, "
+             f"{window} steps of dt = {tc.DT}, float32, one training step = loss, backward, Adam")
+    return setup, rows
+
+
+def odeint_vs_hand(args):
+    batch = 256 if args.quick else 4096
+    steps = 64 if args.quick else 2000
+    _, q0, p0 = kepler_batch(batch)
+
+    def func(t, y):
+        q, p = y
+        return p, -grad_V(q)
+
+    def hand(q, p, n):
+        t = torch.zeros((), dtype=q.dtype)
+        dp = func(t, (q, p))[1]                    # two calls a step, as odeint's (FSAL)
+        for _ in range(n):
+            p = torch.add(p, dp, alpha=0.5 * H)
+            q = torch.add(q, func(t, (q, p))[0], alpha=H)
+            dp = func(t, (q, p))[1]
+            p = torch.add(p, dp, alpha=0.5 * H)
+        return q[None], p[None]
+
+    def ode(q, p, n):
+        t = torch.tensor([0.0, n * H], dtype=q.dtype)
+        return tgi.odeint(func, (q, p), t, method="verlet", options=dict(separable=True, step_size=H))
+
+    res = side_by_side({"hand loop, func twice a step": (hand, True),
+                        "tgi.odeint verlet separable": (ode, True)}, q0, p0, steps,
+                       2 if args.quick else 7, every=False)
+    return batch, steps, res
+
+
+def midpoint(args):
+    batch, steps = (16, 16) if args.quick else (256, 500)
+    system, q0, p0 = kepler_batch(batch)
+
+    def ours(compile):
+        return lambda q, p, n: tgi.rollout(system, q, p, h=H, steps=n, method="implicit_midpoint",
+                                           compile=compile)
+    confs = {}
+    if has("numba"):
+        confs["numba per-trajectory fixed point"] = (numba_midpoint, True)
+    confs["rollout implicit_midpoint"] = (ours(False), True)
+    confs["rollout implicit_midpoint compile=True"] = (ours(True), True)
+    res = side_by_side(confs, q0, p0, steps, 2 if args.quick else 5)
+    return batch, steps, res
+
+
+def small(args):
+    """B = 1, compile=True: µs per Verlet step and compile seconds, inductor default vs
+    cpp_wrapper=True (a fresh system each, so each compiles its own graphs)."""
+    steps = 64 if args.quick else 2000
+    rows = []
+    for wrapper in (False, True):
+        for every in (False, True):
+            system, q0, p0 = kepler_batch(1)
+            save = 1 if every else steps
+
+            def run(q, p, n, system=system, save=save):
+                return tgi.rollout(system, q, p, h=H, steps=n, save_every=save, compile=True)
+            with torch._inductor.config.patch(cpp_wrapper=wrapper), torch.no_grad(), warnings_off():
+                try:
+                    _, first = common.timed(lambda: run(q0, p0, steps))
+                    _, s = common.min_time(lambda: run(q0, p0, steps), 2 if args.quick else 7)
+                    err = None
+                except Exception as e:  # noqa: BLE001 — report (e.g. no C++ compiler for the wrapper)
+                    first = s = math.nan
+                    err = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            rows.append(dict(cpp_wrapper=wrapper, states="every" if every else "final",
+                             us_per_step=1e6 * s / steps, first_call_s=first, error=err))
+    return steps, rows
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def main(argv=None):
+    ap = common.parser(__doc__)
+    ap.add_argument("--batches", type=int, nargs="+", default=None)
+    ap.add_argument("--configs", nargs="+", default=None, help="a subset of the table's rows")
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (default: by batch)")
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--sections", nargs="+", choices=SECTIONS, default=SECTIONS)
+    args = ap.parse_args(argv)
+    out = common.setup(args)
+    args.repeats = args.repeats or (2 if args.quick else 3)
+    t0 = time.perf_counter()
+    numba_note = "" if has("numba") else f"**{NO_NUMBA}.**\n\n"
+    data, sections = dict(numba=has("numba")), []
+    if "table" in args.sections:
+        rows = table(args)
+        data["table"] = rows
+        den = rows[0]["denominator"]
+        md = pivot(rows)
+        detail = common.markdown_table(rows, [
+            ("batch", "batch"), ("config", "configuration"), ("steps", "steps"),
+            ("rounds", "rounds"), ("ns", "ns / step·traj"), ("ratio", f"× {den}"),
+            ("first_call_s", "first call s"), ("max_diff", "max |Δ| final vs first row"),
+            ("requires_grad", "output requires grad")])
+        sections += [("Every state kept: ratios to the " + den, numba_note + md),
+                     ("Detail", detail)]
+        print(md)
+    if "training" in args.sections:
+        setup, rows = training(args)
+        data["training"] = dict(setup=setup, rows=rows)
+        md = setup + "\n\n" + common.markdown_table(rows, [
+            ("config", "loss"), ("ms_per_step", "ms / training step"),
+            ("vs_derivative", "× derivative matching")])
+        sections.append(("Training step (forward + backward + Adam)", md))
+        print(md)
+    if "odeint" in args.sections:
+        batch, steps, res = odeint_vs_hand(args)
+        data["odeint"] = dict(batch=batch, steps=steps, rows=res)
+        hand, ode = res.values()
+        md = (f"Kepler, B = {batch}, {steps} steps of h = {H}, final state only, float64: "
+              f"hand loop {1e3 * hand['seconds']:.1f} ms, odeint {1e3 * ode['seconds']:.1f} ms, "
+              f"ratio **{ode['seconds'] / hand['seconds']:.3f}** (max |Δ| {ode['max_diff']:.1e}).")
+        sections.append(("odeint vs the same-evaluations hand loop", md))
+        print(md)
+    if "midpoint" in args.sections:
+        batch, steps, res = midpoint(args)
+        data["midpoint"] = dict(batch=batch, steps=steps, rows=res)
+        den = next(iter(res))
+        md = f"Kepler, B = {batch}, {steps} steps, every state kept, float64, tol = default_tol.\n\n"
+        md += common.markdown_table([dict(config=k, ms=1e3 * r["seconds"],
+                                          ratio=r["seconds"] / res[den]["seconds"],
+                                          max_diff=r["max_diff"]) for k, r in res.items()],
+                                    [("config", "configuration"), ("ms", "ms"),
+                                     ("ratio", f"× {den}"), ("max_diff", "max |Δ| final")])
+        sections.append(("Implicit midpoint", numba_note * (den != "numba per-trajectory fixed point") + md))
+        print(md)
+    if "small" in args.sections:
+        steps, rows = small(args)
+        data["small"] = dict(steps=steps, rows=rows)
+        md = (f"Kepler, B = 1, {steps} Verlet steps, `rollout(compile=True)`, no_grad; "
+              "first call = compile + one run.\n\n" + common.markdown_table(rows, [
+                  ("cpp_wrapper", "inductor cpp_wrapper"), ("states", "states kept"),
+                  ("us_per_step", "µs / step"), ("first_call_s", "first call s"), ("error", "error")]))
+        sections.append(("Small batch, compiled", md))
+        print(md)
+    setup = (f"Kepler e = 0.6 (±2 %), h = {H}, float64, CPU, {torch.get_num_threads()} thread; "
+             f"{time.perf_counter() - t0:.0f} s in all.  numba "
+             f"{'installed' if has('numba') else 'absent'}; torchode "
+             f"{'installed' if has('torchode') else 'absent'}; diffrax "
+             f"{'installed' if has('diffrax') else 'absent'}.")
+    common.write(out, "limits", "Limits: ours against the CPU limit", [("Setup", setup), *sections], data)
+    print(f"wrote {out / 'limits.md'}")
+    return data
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Tiny run of experiments.bench.limits (the CPU-limit benchmark), without numba.
+
+numba is optional (the ``bench`` extra); here it is hidden, so the test runs the same everywhere:
+the numba rows must be skipped with a note and every ratio taken to the torch hand loop.  Checks
+what a run wrote and properties of its numbers that hold at any size (no wall-clock assertions).
+"""
+import json
+import pathlib
+import sys
+
+import pytest
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from experiments.bench import __main__ as bench_main  # noqa: E402
+from experiments.bench import limits  # noqa: E402
+
+CONFIGS = ["torch hand loop", "rollout verlet", "rollout verlet, grad mode on",
+           "energies (autograd forces)", "rollout yoshida4", "torchdiffeq rk4"]
+
+
+@pytest.fixture
+def no_numba(monkeypatch):
+    real = limits.has
+    monkeypatch.setattr(limits, "has", lambda name: False if name == "numba" else real(name))
+
+
+def test_limits_quick_without_numba(tmp_path, no_numba):
+    data = limits.main(["--quick", "--batches", "1", "8", "--steps", "12", "--repeats", "1",
+                        "--configs", *CONFIGS, "--sections", "table", "training", "odeint",
+                        "midpoint", "--out", str(tmp_path), "--no-progress", "--threads", "1"])
+    md = (tmp_path / "limits.md").read_text()
+    assert limits.NO_NUMBA in md and "numba loop" not in md
+    saved = json.loads((tmp_path / "limits.json").read_text())["data"]
+    assert saved["numba"] is False
+    rows = saved["table"]
+    assert {(r["config"], r["batch"]) for r in rows} == {(c, b) for c in CONFIGS for b in (1, 8)}
+    for r in rows:
+        assert r["denominator"] == "torch hand loop" and r["steps"] == 12
+        assert r["ratio"] > 0 and r["ns"] > 0 and r["rounds"] >= 1
+        # every configuration returned a trajectory that no graph is attached to
+        assert r["requires_grad"] is False
+        if r["config"] == "torch hand loop":
+            assert r["ratio"] == 1.0
+        # Verlet in any form computes the hand loop's states to round-off; yoshida4 and rk4
+        # differ from it by Verlet's error (12 steps of 0.01 near the pericentre: ~3e-4)
+        assert r["max_diff"] < (1e-12 if "verlet" in r["config"] or "energies" in r["config"] else 1e-3)
+    assert "| rollout verlet, grad mode on |" in md
+    train = {r["config"]: r for r in saved["training"]["rows"]}
+    assert train["derivative matching"]["vs_derivative"] == 1.0
+    assert train["rollout loss, verlet"]["ms_per_step"] > 0
+    ode = saved["odeint"]["rows"]
+    assert ode["tgi.odeint verlet separable"]["max_diff"] < 1e-12   # same map, same evaluations
+    mid = saved["midpoint"]["rows"]
+    assert set(mid) == {"rollout implicit_midpoint", "rollout implicit_midpoint compile=True"}
+    assert all(r["max_diff"] < 1e-12 for r in mid.values())
+    assert data["numba"] is False
+
+
+def test_limits_pivot_puts_the_limit_in_ns_and_the_rest_as_ratios():
+    rows = [dict(config="numba loop", batch=1, ns=18.0, ratio=1.0, denominator="numba loop"),
+            dict(config="rollout verlet", batch=1, ns=1800.0, ratio=100.0, denominator="numba loop"),
+            dict(config="numba loop", batch=64, ns=3.3, ratio=1.0, denominator="numba loop")]
+    md = limits.pivot(rows).splitlines()
+    assert md[0] == "| configuration | B = 1 | B = 64 |"
+    assert md[2] == "| numba loop | 18 ns | 3.3 ns |"
+    assert md[3] == "| rollout verlet | ×100 | — |"
+
+
+def test_limits_is_a_registered_benchmark():
+    assert "limits" in bench_main.BENCHES
+    assert bench_main._available("limits")[0]
+
+
+def test_steps_are_capped_and_at_least_the_minimum():
+    assert limits.steps_for(1, False) == limits.MAX_STEPS
+    assert limits.steps_for(65536, False) == limits.WORK // 65536
+    assert limits.steps_for(2 ** 30, False) == limits.MIN_STEPS
+    assert limits.steps_for(1, True) == limits.MIN_STEPS
