@@ -229,14 +229,23 @@ class Hamiltonian(System):
 class SeparableHamiltonian(Hamiltonian):
     r"""H(q, p) = T(p) + V(q) (or T(p, t) + V(q, t)): the explicit methods evaluate only
     ∂T/∂p (drifts) and ∂V/∂q (kicks).  ``kinetic_grad`` / ``potential_grad`` may give them in
-    closed form (the fastest path; the benchmarks use it for the hand-written comparison)."""
+    closed form (the fastest path; the benchmarks use it for the hand-written comparison).
+
+    ``mass=m`` (with ``kinetic=None``) is the quadratic kinetic energy T(p) = ½ Σ p²/m, m a
+    positive number or a tensor of positive masses broadcast against one sample's p (summed
+    over its last ``max(1, m.dim())`` dims): ∂T/∂p = p/m in closed form (p itself for m = 1,
+    no kernel), so an energy-defined system pays autograd for ∂V/∂q only."""
 
     separable = True
     force_sign = -1.0       # force = −∂V/∂q; kicks add ∂V/∂q with a negative coefficient
 
-    def __init__(self, kinetic: Callable, potential: Callable, *,
+    def __init__(self, kinetic: Callable | None, potential: Callable, *,
                  kinetic_grad: Callable | None = None, potential_grad: Callable | None = None,
-                 time_dependent: bool | None = None):
+                 mass=None, time_dependent: bool | None = None):
+        if mass is not None:
+            if kinetic is not None or kinetic_grad is not None:
+                raise ValueError("pass either kinetic (and kinetic_grad) or mass=, not both")
+            kinetic, kinetic_grad = _quadratic_kinetic(mass)
         if not (callable(kinetic) and callable(potential)):
             raise TypeError("kinetic and potential must be callable: kinetic(p), potential(q)")
         super().__init__(None, time_dependent=False)
@@ -294,6 +303,23 @@ class SeparableHamiltonian(Hamiltonian):
 
     def vector_field(self, q, p, t=0.0):
         return self.velocity(p, t), self.force(q, t)
+
+
+def _quadratic_kinetic(mass):
+    """(T, ∂T/∂p) of T(p) = ½ Σ p²/m (see SeparableHamiltonian's ``mass``)."""
+    if isinstance(mass, torch.Tensor):
+        if not (mass.is_floating_point() and mass.numel() > 0 and bool(torch.isfinite(mass).all())
+                and bool((mass > 0).all())):
+            raise ValueError("mass must hold finite positive floating-point values")
+        dims = tuple(range(-max(1, mass.dim()), 0))
+        return (lambda p: 0.5 * (p * p / mass).sum(dims)), (lambda p: p / mass)
+    if isinstance(mass, bool) or not isinstance(mass, (int, float)) or not 0 < mass < float("inf"):
+        raise ValueError(f"mass must be a finite positive number or tensor, got {mass!r}")
+    m = float(mass)
+    if m == 1.0:
+        # ∂T/∂p = p: the same tensor (kicks and drifts make new ones, nothing writes into it)
+        return (lambda p: 0.5 * (p * p).sum(-1)), (lambda p: p)
+    return (lambda p: 0.5 * (p * p).sum(-1) / m), (lambda p: p / m)
 
 
 class VectorFieldSystem(System):
