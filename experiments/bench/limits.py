@@ -20,7 +20,8 @@ runs are short), so the ratios compare runs of the same moment of a shared machi
 * ``rollout verlet`` under ``torch.no_grad()``; ``… grad mode on``: the same call without
   ``no_grad`` (nothing requires grad: the README tour's way); ``… compile=True`` both ways;
 * ``energies``: ``SeparableHamiltonian(kinetic, potential)`` given as energies only (∂T/∂p and
-  ∂V/∂q by autograd), eager and ``compile=True``;
+  ∂V/∂q by autograd), eager and ``compile=True``; ``energies, mass=1``: the kinetic energy
+  declared as ``mass=1.0`` (∂T/∂p = p in closed form), ∂V/∂q still by autograd;
 * ``yoshida4`` (3 forces a step); ``torchdiffeq rk4`` (4 evaluations a step, one per interval of
   the output grid); ``torchode`` / ``diffrax`` rows when those packages are installed.
 
@@ -208,9 +209,13 @@ def hand_torch(q0, p0, steps):
     return qs, ps
 
 
-def energy_kepler():
-    """Kepler given by its energies only: ∂T/∂p and ∂V/∂q come from autograd."""
-    return tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: -1.0 / q.norm(dim=-1))
+def energy_kepler(mass=False):
+    """Kepler given by its energies only: ∂T/∂p and ∂V/∂q come from autograd; with ``mass``
+    T = ½|p|² is declared as ``mass=1`` (∂T/∂p = p in closed form, ∂V/∂q by autograd)."""
+    V = lambda q: -1.0 / q.norm(dim=-1)  # noqa: E731
+    if mass:
+        return tgi.SeparableHamiltonian(None, V, mass=1.0)
+    return tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), V)
 
 
 def flat_field(system):
@@ -237,6 +242,7 @@ def configurations(system, names=None):
     out["rollout verlet compile=True, grad mode on"] = (ours("verlet", compile=True), False)
     out["energies (autograd forces)"] = (ours("verlet", sys=energies), True)
     out["energies compile=True"] = (ours("verlet", compile=True, sys=energies), True)
+    out["energies, mass=1 (autograd ∂V/∂q only)"] = (ours("verlet", sys=energy_kepler(mass=True)), True)
     out["rollout yoshida4"] = (ours("yoshida4"), True)
 
     def rk4(q0, p0, steps):
@@ -346,6 +352,8 @@ def table(args):
         steps = args.steps or steps_for(batch, args.quick)
         confs = configurations(system, args.configs)
         res = side_by_side(confs, q0, p0, steps, args.repeats)
+        if args.no_progress:
+            print(f"limits: batch {batch} done ({steps} steps)", flush=True)
         den = "numba loop" if "numba loop" in res else "torch hand loop"
         for name, r in res.items():
             rows.append(dict(config=name, batch=batch, steps=steps, **r,
