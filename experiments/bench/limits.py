@@ -315,9 +315,10 @@ def _ctx(no_grad):
     return torch.no_grad() if no_grad else contextlib.nullcontext()
 
 
-def side_by_side(confs, q0, p0, steps, repeats, budget=0.3, every=True):
+def side_by_side(confs, q0, p0, steps, repeats, budget=1.0, every=True):
     """{name: dict(seconds, first_call_s, rounds, max_diff)}: a warm-up (compile) call of each,
-    then rounds of all of them; max_diff: max |Δ| of the final state from the first config's."""
+    then rounds of all of them — ``repeats``, or more (up to 30) while a round takes less than
+    ``budget`` / rounds seconds; max_diff: max |Δ| of the final state from the first config's."""
     rows, ref = {}, None
     with warnings_off():
         for name, (fn, no_grad) in confs.items():
@@ -330,15 +331,18 @@ def side_by_side(confs, q0, p0, steps, repeats, budget=0.3, every=True):
             diff = float(torch.maximum((qs[-1] - ref[0]).abs().max(), (ps[-1] - ref[1]).abs().max()))
             rows[name] = dict(first_call_s=s, max_diff=diff, requires_grad=bool(qs.requires_grad))
             del qs, ps
-        shortest = min(r["first_call_s"] for r in rows.values())
-        rounds = min(30, max(repeats, math.ceil(budget / max(shortest, 1e-3))))
         best = {name: math.inf for name in confs}
-        for _ in range(rounds):
+        done, rounds = 0, repeats
+        while done < rounds:
+            spent = 0.0
             for name, (fn, no_grad) in confs.items():
                 with _ctx(no_grad):
                     out, s = common.timed(lambda: fn(q0, p0, steps))
                 del out
-                best[name] = min(best[name], s)
+                best[name], spent = min(best[name], s), spent + s
+            done += 1
+            if done == 1:
+                rounds = min(30, max(repeats, math.ceil(budget / max(spent, 1e-3))))
     for name, r in rows.items():
         r.update(seconds=best[name], rounds=rounds)
     return rows
