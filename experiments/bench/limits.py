@@ -461,9 +461,28 @@ def midpoint(args):
 
 def small(args):
     """B = 1, compile=True: µs per Verlet step and compile seconds, inductor default vs
-    cpp_wrapper=True (a fresh system each, so each compiles its own graphs)."""
+    cpp_wrapper=True (a fresh system each, so each compiles its own graphs; inductor's caches
+    pointed at an empty folder, so the first call is a cold compile)."""
+    import os
+    import tempfile
+
     steps = 64 if args.quick else 2000
     rows = []
+    old_dir = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with tempfile.TemporaryDirectory() as cold:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cold
+        try:
+            with torch._inductor.config.patch(fx_graph_cache=False):
+                _small_rows(args, steps, rows)
+        finally:
+            if old_dir is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = old_dir
+    return steps, rows
+
+
+def _small_rows(args, steps, rows):
     for wrapper in (False, True):
         for every in (False, True):
             system, q0, p0 = kepler_batch(1)
@@ -481,7 +500,6 @@ def small(args):
                     err = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             rows.append(dict(cpp_wrapper=wrapper, states="every" if every else "final",
                              us_per_step=1e6 * s / steps, first_call_s=first, error=err))
-    return steps, rows
 
 
 # ----------------------------------------------------------------------------------------------
