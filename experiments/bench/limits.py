@@ -384,7 +384,8 @@ def pivot(rows, key="ratio"):
             elif name == den:
                 cells.append(f"{r['ns']:.3g} ns")
             else:
-                cells.append(f"×{r[key]:.3g}")
+                x = r[key]
+                cells.append(f"×{x:,.0f}" if x >= 100 else f"×{x:.3g}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
