@@ -160,7 +160,7 @@ def test_bench_main_runs_each_and_reports_failures(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_main.importlib, "import_module", fake)
     code = bench_main.main(["--quick", "--out", str(tmp_path), "--skip", "memory"])
     names = [n.rsplit(".", 1)[-1] for n, _ in calls]
-    assert names[:3] == ["throughput", "work_precision", "training_cost"]
+    assert names[:4] == ["throughput", "limits", "work_precision", "training_cost"]
     assert ("gpu" in names) == torch.cuda.is_available()
     assert all("--quick" in argv and str(tmp_path) in argv for _, argv in calls)
     assert code == 1
