@@ -408,6 +408,11 @@ def compiled_rollout(integrator, system, q0, p0, *, h, steps, t0=0.0, save_every
     steps — K'-fold macro steps when ``save_every`` allows (only the saved states are formed),
     else :class:`CompiledStep` lookahead blocks.  Same outputs as ``run_loop(integrator.step,
     ...)`` up to round-off.  ``step_offset`` numbers the steps in errors (a continued run)."""
+    if torch.is_grad_enabled() and not needs_graph(integrator, system, q0, p0, t0, h):
+        with torch.no_grad():       # the graphs (and outputs) of a no_grad rollout
+            return compiled_rollout(integrator, system, q0, p0, h=h, steps=steps, t0=t0,
+                                    save_every=save_every, check_every=check_every, block=block,
+                                    step_offset=step_offset)
     K = default_block(integrator, system) if block is None else block
     args = dict(system=system, save_every=save_every, t0=t0)
     Km = _macro_block(K, save_every) if p0 is not None and not torch.is_grad_enabled() else 1
@@ -422,6 +427,24 @@ def compiled_rollout(integrator, system, q0, p0, *, h, steps, t0=0.0, save_every
     step = CompiledStep(integrator, system, steps=steps, t0=t0, block=K)
     return run_loop(step, q0, p0, h=h, steps=steps, check_every=check_every,
                     step_offset=step_offset, **args)
+
+
+def needs_graph(integrator, system, q0, p0, t0, h) -> bool:
+    """Whether a compiled rollout under grad mode keeps a graph: a state or a parameter of the
+    system requires grad, or one eager step from (q0, p0) returns a state that does (the step
+    reads a captured tensor that requires grad).  Otherwise it runs as under
+    ``torch.no_grad()``: the blocks of steps, not one compiled step per call with autograd's
+    bookkeeping.  (Decided from the first step: a system whose dependence on such a tensor
+    starts later, by Python control flow on t, needs the eager rollout, which checks every
+    saved state.)"""
+    params = system.parameters() if isinstance(system, torch.nn.Module) else ()
+    if any(x is not None and x.requires_grad for x in (q0, p0)) or any(w.requires_grad for w in params):
+        return True
+    try:
+        q, p, _ = integrator.step(system, q0, p0, t0, h, None)
+    except Exception:  # noqa: BLE001 — the rollout itself reports a failing step
+        return True
+    return any(isinstance(x, torch.Tensor) and x.requires_grad for x in (q, p))
 
 
 def _rescale_steps(message, K, offset=0):

@@ -16,14 +16,22 @@ def run_loop(step, q0, p0, *, system, h, steps, t0, save_every, check_every, cac
     """Run ``steps`` steps of ``step`` from (q0, p0) at t0 and return the states every
     ``save_every`` steps, the initial one included (``p0=None``: a first-order state, the second
     output is None).  ``step`` is a stepper: ``step(system, q, p, t, h, cache) -> (q, p, cache)``,
-    optionally with ``step.run(q, p, h, n, cache)`` taking n steps in one call.  ``cache`` starts
+    optionally with ``step.run(q, p, h, n, cache)`` taking n steps in one call (and, when
+    ``step.run.writes_out``, ``step.run(..., cache, out)`` writing the last state into ``out``,
+    a pair of output rows).  ``cache`` starts
     the FSAL/warm-start chain (``return_cache=True`` returns the last one); ``step_offset``
     numbers the steps in errors (a run continuing an earlier one)."""
     n_out = steps // save_every + 1
-    # Under autograd the outputs are stacked (in-place writes into one buffer would chain every
-    # step through CopySlices); without it they go into preallocated buffers.
-    track = torch.is_grad_enabled()
+    # States that carry a graph are stacked at the end (in-place writes into one buffer would
+    # chain every step through CopySlices); the others go into preallocated buffers: under
+    # no_grad, and under grad mode while nothing the steps touch requires grad (a rollout of a
+    # fixed system without torch.no_grad()), switching to stacking at the first state that
+    # does.  A bound splitting (``step.run``) writes each saved state straight into its row.
+    grad_mode = torch.is_grad_enabled()
     states = [x for x in (q0, p0) if x is not None]
+    params = system.parameters() if isinstance(system, torch.nn.Module) else ()
+    track = grad_mode and (any(x.requires_grad for x in states)
+                           or any(w.requires_grad for w in params))
     if track:
         outs = [[x] for x in states]
     else:
@@ -33,13 +41,27 @@ def run_loop(step, q0, p0, *, system, h, steps, t0, save_every, check_every, cac
 
     q, p = q0, p0
     run = getattr(step, "run", None)   # n steps in one call (a bound explicit splitting)
+    into = getattr(run, "writes_out", False)   # run(..., out=rows) writes the last state there
     k = 0
     while k < steps:
         # Steps run in stretches up to the next save or check, so the per-step Python cost is
         # the call of `step` alone (or nothing, with `run`).
         end = min(steps, (k // save_every + 1) * save_every, (k // check_every + 1) * check_every)
+        written = False
         if run is not None:
-            q, p, cache = run(q, p, h, end - k, cache)
+            if into and not track and end % save_every == 0 and p is not None:
+                i = end // save_every
+                try:
+                    q, p, cache = run(q, p, h, end - k, cache, (outs[0][i], outs[1][i]))
+                    written = True
+                except RuntimeError:
+                    # out= refuses inputs that require grad (checked before any write): under
+                    # grad mode the steps began to depend on such a tensor (a captured one);
+                    # the stretch runs again without out= (q, p and the cache are its start)
+                    if not grad_mode:
+                        raise
+            if not written:
+                q, p, cache = run(q, p, h, end - k, cache)
         else:
             j = k
             try:
@@ -49,8 +71,12 @@ def run_loop(step, q0, p0, *, system, h, steps, t0, save_every, check_every, cac
                 raise err.with_step(step_offset + j) from None
         k = end
         cur = (q,) if p is None else (q, p)
-        if k % save_every == 0:
+        if k % save_every == 0 and not written:
             i = k // save_every
+            if not track and grad_mode and any(x.requires_grad for x in cur):
+                # the steps depend on a tensor that requires grad (one a closure captured): the
+                # states so far are constants, the rest keep their graph
+                outs, track = [list(o[:i].clone().unbind(0)) for o in outs], True
             for o, x in zip(outs, cur):
                 if track:
                     o.append(x)

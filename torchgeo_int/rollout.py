@@ -39,6 +39,10 @@ def rollout(system, q0: torch.Tensor, p0: torch.Tensor | None = None, *, h: floa
     separable systems as compiled blocks of steps (without autograd) or compiled single steps
     (with it), implicit methods with a compiled vector field; results equal the eager ones to
     round-off.
+    Under grad mode with nothing the steps touch requiring grad (a fixed system rolled out
+    without ``torch.no_grad()``) the rollout costs what it costs under ``no_grad``: the states go
+    into preallocated outputs, which carry no graph (with ``compile=True``: the no_grad blocks,
+    decided from one eager step, :func:`torchgeo_int._compile.needs_graph`).
     Non-finite states are detected every ``check_every`` steps (one host sync each) and raise
     ``FloatingPointError`` naming the steps; an implicit step that does not converge raises
     ``ConvergenceError`` naming the step.

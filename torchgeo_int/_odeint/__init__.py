@@ -245,7 +245,11 @@ def geometric_odeint(func, y0, t, *, rtol, atol, method, options, event_fn):
                           grad, grad_options, compile)
         return state.assemble(X)
 
-    state = PartitionedState(y0, options.get("split"), batch_dims)
+    # An explicit splitting of a separable func solves nothing per sample: the state keeps the
+    # user's shapes (no reshapes around every call of func).
+    natural = (func is not None and options.get("hamiltonian") is None
+               and options.get("separable") is True and integrator.splitting() is not None)
+    state = PartitionedState(y0, options.get("split"), batch_dims, natural=natural)
     system = system_for(compile, kind, func, options, state, y0, caller,
                          lambda: partitioned_system(func, caller, state, options))
     why = not_reversible(integrator, system) if grad == "reversible" else None

@@ -86,8 +86,10 @@ class FlatState:
 class PartitionedState:
     """(q0, p0) from a 2-tuple or the split of a tensor, each as (*batch, n)."""
 
-    def __init__(self, y0, split, batch_dims):
+    def __init__(self, y0, split, batch_dims, natural=False):
         self.is_tuple = isinstance(y0, tuple)
+        # natural: (q, p) kept in the user's shapes (no reshapes around each call of func)
+        self.natural = natural and self.is_tuple
         if self.is_tuple:
             if len(y0) != 2:
                 raise ValueError(f"a partitioned method needs y0 = (q0, p0) or a tensor to split, "
@@ -120,9 +122,14 @@ class PartitionedState:
         self.q_shape, self.p_shape = q0.shape, p0.shape
         nb = max(1, math.prod(self.batch))
         self.nq, self.np = q0.numel() // nb, p0.numel() // nb
-        self.q0, self.p0 = q0.reshape(*self.batch, self.nq), p0.reshape(*self.batch, self.np)
+        if self.natural:
+            self.q0, self.p0 = q0, p0
+        else:
+            self.q0, self.p0 = q0.reshape(*self.batch, self.nq), p0.reshape(*self.batch, self.np)
 
     def user(self, qi, pi):
+        if self.natural:
+            return qi, pi
         lead = qi.shape[:qi.dim() - 1 - len(self.batch)]
         return qi.reshape((*lead, *self.q_shape)), pi.reshape((*lead, *self.p_shape))
 
@@ -137,6 +144,8 @@ class PartitionedState:
             dy = check_out(caller(t, torch.cat([q, p], -1)), self.y_shape, "func")
             dq, dp = dy[..., :self.split], dy[..., self.split:]
         dq, dp = check_out(dq, q.shape, "func"), check_out(dp, p.shape, "func")
+        if self.natural:
+            return dq, dp
         return dq.reshape(qi.shape), dp.reshape(pi.shape)
 
     def assemble(self, Q, P):
@@ -150,19 +159,22 @@ class PartitionedSystem(VectorFieldSystem):
 
     tensor_time = True   # func takes t as a tensor anyway (torch.compile keeps it so)
 
-    def __init__(self, f, separable, nq, np_):
+    def __init__(self, f, separable, nq, np_, shapes=None):
         super().__init__(f, separable=separable)
         self.nq, self.np_ = nq, np_
+        self.shapes = shapes        # (q, p) shapes when the state keeps the user's shapes
 
     def velocity(self, p, t=0.0):
         if not self.separable:
             return super().velocity(p, t)
-        return self.f(t, p.new_zeros(*p.shape[:-1], self.nq), p)[0]
+        zq = p.new_zeros(self.shapes[0] if self.shapes else (*p.shape[:-1], self.nq))
+        return self.f(t, zq, p)[0]
 
     def force(self, q, t=0.0):
         if not self.separable:
             return super().force(q, t)
-        return self.f(t, q, q.new_zeros(*q.shape[:-1], self.np_))[1]
+        zp = q.new_zeros(self.shapes[1] if self.shapes else (*q.shape[:-1], self.np_))
+        return self.f(t, q, zp)[1]
 
 
 class EnergySystem(Hamiltonian):
@@ -203,7 +215,8 @@ def partitioned_system(func, caller, state, options):
     if func is None:
         raise TypeError("func must be callable (or pass options['hamiltonian'] with func=None)")
     system = PartitionedSystem(lambda t, qi, pi: state.field(caller, func, t, qi, pi), separable,
-                          state.nq, state.np)
+                               state.nq, state.np,
+                               (state.q_shape, state.p_shape) if state.natural else None)
     register_module(system, "user_func", func)
     return system
 

@@ -115,21 +115,32 @@ def _signed(kicks, drifts, sign):
     return tuple((sign * a, b) for a, b in zip(kicks, drifts)), sign * kicks[-1]
 
 
-def _split_steps(pairs, last, velocity, force_term, q, p, t, h, force, timed=True):
+def _split_steps(pairs, last, velocity, force_term, q, p, t, h, force, timed=True, out=None):
     """One step of the kick/drift sequence (see ``run_splitting``) — the only place it is
-    written.  ``timed=False``: the system ignores t, its halves are called without it."""
-    for a, b in pairs:
+    written.  ``timed=False``: the system ignores t, its halves are called without it.
+    ``out``: tensors (q, p) the step writes its final state into (a rollout's output rows: no
+    copy afterwards; the same operations, so the same values)."""
+    qo, po = (None, None) if out is None else out
+    final = len(pairs) - 1
+    for j, (a, b) in enumerate(pairs):
         if a != 0.0:
             if force is None:
                 force = force_term(q, t) if timed else force_term(q)
             p = torch.add(p, force, alpha=a * h)
-        q = torch.add(q, velocity(p, t + 0.5 * b * h) if timed else velocity(p), alpha=b * h)
+        q = torch.add(q, velocity(p, t + 0.5 * b * h) if timed else velocity(p), alpha=b * h,
+                      out=qo if j == final else None)
         if timed:
             t = t + b * h
         force = None
     if last != 0.0:
         force = force_term(q, t) if timed else force_term(q)
-        p = torch.add(p, force, alpha=last * h)
+        p = torch.add(p, force, alpha=last * h, out=po)
+    elif po is not None:
+        # the step ends with a drift: p is the last kick's.  A p with a graph is refused as
+        # out= refuses it (an in-place copy would put the buffer into the graph)
+        if p.requires_grad:
+            raise RuntimeError("a state that requires grad is not written into an output row")
+        p = po.copy_(p)
     return q, p, force
 
 
@@ -148,14 +159,17 @@ def splitting_step(kicks, drifts, system):
 
     velocity, force_term = halves
 
-    def run(q, p, h, n, force=None):
-        """n steps of h (the system ignores t): the loop of a hand-written integrator."""
-        for _ in range(n):
-            q, p, force = _split_steps(pairs, last, velocity, force_term, q, p, 0.0, h, force, False)
+    def run(q, p, h, n, force=None, out=None):
+        """n steps of h (the system ignores t): the loop of a hand-written integrator; ``out``:
+        where the last step writes its state (see ``_split_steps``)."""
+        for i in range(n):
+            q, p, force = _split_steps(pairs, last, velocity, force_term, q, p, 0.0, h, force,
+                                       False, out if i == n - 1 else None)
         return q, p, force
 
     def step(_system, q, p, t, h, force=None):
         return run(q, p, h, 1, force)
+    run.writes_out = True
     step.run = run     # rollout's loop takes stretches of steps in one call
     return step
 
