@@ -527,7 +527,7 @@ def test_bad_options_raise():
         odeint(f, y0, t, method="implicit_midpoint", options=dict(batch_dims=2))
     with pytest.raises(ValueError, match="func=None"):
         odeint(f, y0, t, method="verlet", options=dict(hamiltonian=lambda q, p: (q * p).sum()))
-    with pytest.raises(ValueError, match="event_fn"):
+    with pytest.raises(ValueError, match="event_fn"):   # (an event search needs len(t) == 2)
         odeint(f, y0, t, method="verlet", event_fn=lambda t, y: y.sum())
     with pytest.raises(ValueError, match="shape"):
         odeint(lambda t, y: y[:2], y0, t, method="implicit_midpoint")
@@ -547,8 +547,9 @@ def test_bad_t_and_y0_raise():
         odeint(f, y0, torch.tensor([0.0, float("nan")]), method="verlet")
     with pytest.raises(TypeError, match="t must be"):
         odeint(f, y0, [0.0, 1.0], method="verlet")
-    with pytest.raises(ValueError, match="t.detach"):
-        odeint(f, y0, torch.tensor([0.0, 1.0], requires_grad=True), method="verlet")
+    with pytest.raises(ValueError, match="t.detach"):   # t's gradient needs backprop
+        odeint(f, y0, torch.tensor([0.0, 1.0], requires_grad=True), method="verlet",
+               options=dict(grad="checkpoint"))
     with pytest.raises(ValueError, match="NaN or inf"):
         odeint(f, torch.tensor([1.0, float("inf")]), torch.tensor([0.0, 1.0]), method="verlet")
     with pytest.raises(TypeError, match="floating"):

@@ -14,11 +14,12 @@ def test_shapes_save_every_and_batch_dims():
     q0, p0 = q0.expand(3, 5, 2).clone(), p0.expand(3, 5, 2).clone()
     with torch.no_grad():
         q, p = tgi.rollout(system, q0, p0, h=0.01, steps=100, method="verlet", save_every=7)
-    assert q.shape == (100 // 7 + 1, 3, 5, 2) and p.shape == q.shape
+    assert q.shape == (100 // 7 + 2, 3, 5, 2) and p.shape == q.shape   # and the final state
     assert torch.equal(q[0], q0)
     with torch.no_grad():
-        qf, pf = tgi.rollout(system, q0, p0, h=0.01, steps=98, method="verlet")
-    assert torch.allclose(q[-1], qf[-1], atol=1e-14)  # save 14 is step 98
+        qf, pf = tgi.rollout(system, q0, p0, h=0.01, steps=100, method="verlet")
+    assert torch.allclose(q[-2], qf[98], atol=1e-14)  # save 14 is step 98
+    assert torch.allclose(q[-1], qf[-1], atol=1e-14)  # the last frame is the final state
 
 
 def test_negative_h_integrates_backwards():

@@ -56,6 +56,7 @@ from __future__ import annotations
 import collections
 import itertools
 import re
+import threading
 import types
 import warnings
 
@@ -81,6 +82,9 @@ LAYOUT_MIN_BATCH = 256
 LAYOUT_MAX_EVENT = 64
 #: (integrator, system) pairs whose compiled graphs are kept.
 KEEP = 16
+#: seconds the first call of a compiled function (its compilation) may take; past it the step
+#: runs eagerly, with a RuntimeWarning (the compilation finishes in a background thread, unused).
+COMPILE_BUDGET_S = 120.0
 _ids = itertools.count()
 
 
@@ -132,6 +136,38 @@ def _traced(call, *args):
             return call(*args)
 
 
+class CompileTimeout(RuntimeError):
+    """Compiling a function took longer than ``COMPILE_BUDGET_S``."""
+
+
+def _budgeted(ready, fn, *args):
+    """``_traced(fn, *args)``; the first call of ``fn`` (the one that compiles it) runs in a
+    worker thread and is abandoned after ``COMPILE_BUDGET_S`` seconds (``CompileTimeout``):
+    torch.compile cannot be interrupted, and an unrolled block can take inductor minutes (or,
+    for long pointwise chains, practically forever).  ``ready``: the set of compiled functions."""
+    if fn in ready:
+        return _traced(fn, *args)
+    box, grad_mode = {}, torch.is_grad_enabled()   # (grad mode is per thread)
+
+    def work():
+        try:
+            with torch.set_grad_enabled(grad_mode):
+                box["out"] = _traced(fn, *args)
+        except BaseException as err:  # noqa: BLE001 — handed to the caller's thread
+            box["err"] = err
+
+    worker = threading.Thread(target=work, daemon=True, name="torchgeo_int-compile")
+    worker.start()
+    worker.join(COMPILE_BUDGET_S)
+    if worker.is_alive():
+        raise CompileTimeout(f"compiling took more than the compile budget of {COMPILE_BUDGET_S:g} s "
+                             "(torchgeo_int._compile.COMPILE_BUDGET_S)")
+    if "err" in box:
+        raise box["err"]
+    ready.add(fn)
+    return box["out"]
+
+
 class _Block:
     """The cursor the cache carries between the calls that hand out a lookahead block: the
     states, the index of the next one, the last one handed out (the state the next call must
@@ -175,6 +211,7 @@ class _Kernels:
         self.failed = None            # why compiling failed; then everything runs eagerly
         self._tag = next(_ids)
         self._blocks = {}
+        self.ready = set()            # the functions whose first (compiling) call is done
         self.inner = True             # False once a block failed on the batch-innermost layout
         self.proxy = None if self.explicit else _CompiledFields(system, self, self._tag)
 
@@ -213,12 +250,12 @@ class _Kernels:
         qi = batch_inner(q) if self.inner and not keep_all and n > 1 else q
         if qi is not q:
             try:
-                return _row_major(_traced(fn, qi, batch_inner(p), batch_inner(force), t, h))
-            except (ConvergenceError, FloatingPointError):
+                return _row_major(_budgeted(self.ready, fn, qi, batch_inner(p), batch_inner(force), t, h))
+            except (ConvergenceError, FloatingPointError, CompileTimeout):
                 raise
             except Exception:  # noqa: BLE001 — e.g. a system that calls .view() on q: row-major
                 self.inner = False
-        return _traced(fn, q, p, force, t, h)
+        return _budgeted(self.ready, fn, q, p, force, t, h)
 
     def first_force(self, system, q, t, cache):
         """The force the first kick needs (None when the graph computes it itself)."""
@@ -250,16 +287,16 @@ class _CompiledFields:
         return getattr(self._system, name)
 
     def vector_field(self, q, p, t=0.0):
-        return _traced(self._vf, q, p, *((self._kernels.time(t, q),) if self._td else ()))
+        return _budgeted(self._kernels.ready, self._vf, q, p, *((self._kernels.time(t, q),) if self._td else ()))
 
     def force(self, q, t=0.0):
-        return _traced(self._force, q, *((self._kernels.time(t, q),) if self._td else ()))
+        return _budgeted(self._kernels.ready, self._force, q, *((self._kernels.time(t, q),) if self._td else ()))
 
     def force_term(self, q, t=0.0):
-        return _traced(self._force_term, q, *((self._kernels.time(t, q),) if self._td else ()))
+        return _budgeted(self._kernels.ready, self._force_term, q, *((self._kernels.time(t, q),) if self._td else ()))
 
     def velocity(self, p, t=0.0):
-        return _traced(self._velocity, p, *((self._kernels.time(t, p),) if self._td else ()))
+        return _budgeted(self._kernels.ready, self._velocity, p, *((self._kernels.time(t, p),) if self._td else ()))
 
 
 _KERNELS: "collections.OrderedDict" = collections.OrderedDict()
@@ -295,6 +332,12 @@ class _Runner:
             return run()
         except (ConvergenceError, FloatingPointError):
             raise
+        except CompileTimeout as err:
+            out = eager()
+            self.kernels.failed = str(err)
+            warnings.warn(f"compile=True: {self.kernels.name!r}: {err}; running it eagerly",
+                          RuntimeWarning, stacklevel=4)
+            return out
         except Exception as err:  # noqa: BLE001 — whatever dynamo/inductor raise; eager decides
             out = eager()
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
@@ -402,8 +445,18 @@ def _macro_block(K, save_every):
     return max(d for d in range(1, min(K, save_every) + 1) if save_every % d == 0)
 
 
+class _Scaled:
+    """A progress bar told macro steps of K steps: it counts steps."""
+
+    def __init__(self, bar, K):
+        self.bar, self.K = bar, K
+
+    def update(self, n):
+        self.bar.update(n * self.K)
+
+
 def compiled_rollout(integrator, system, q0, p0, *, h, steps, t0=0.0, save_every=1,
-                     check_every=64, block=None, step_offset=0):
+                     check_every=64, block=None, step_offset=0, progress=None):
     """What ``rollout(..., compile=True, grad="backprop")`` runs: ``run_loop`` with compiled
     steps — K'-fold macro steps when ``save_every`` allows (only the saved states are formed),
     else :class:`CompiledStep` lookahead blocks.  Same outputs as ``run_loop(integrator.step,
@@ -416,17 +469,28 @@ def compiled_rollout(integrator, system, q0, p0, *, h, steps, t0=0.0, save_every
     K = default_block(integrator, system) if block is None else block
     args = dict(system=system, save_every=save_every, t0=t0)
     Km = _macro_block(K, save_every) if p0 is not None and not torch.is_grad_enabled() else 1
-    if Km > 1 and steps >= Km:
+    if Km > 1 and steps >= save_every:
         macro = _MacroStep(integrator, system, Km, h)
+        main = steps - steps % save_every     # a multiple of save_every, hence of Km
         try:
-            # Steps past the last multiple of Km reach no saved state: they are not taken.
-            return run_loop(macro, q0, p0, h=Km * h, steps=steps // Km,
-                            check_every=max(1, check_every // Km), **{**args, "save_every": save_every // Km})
+            out = run_loop(macro, q0, p0, h=Km * h, steps=main // Km,
+                           check_every=max(1, check_every // Km),
+                           progress=None if progress is None else _Scaled(progress, Km),
+                           **{**args, "save_every": save_every // Km})
         except FloatingPointError as err:
             raise FloatingPointError(_rescale_steps(str(err), Km, step_offset)) from None
+        if main == steps:
+            return out
+        # the steps past the last saved state, to the final state (the rollout's last frame)
+        tail, t_tail = steps - main, t0 + main * h
+        step = CompiledStep(integrator, system, steps=tail, t0=t_tail, block=K)
+        end = run_loop(step, out[0][-1], out[1][-1], system=system, h=h, steps=tail, t0=t_tail,
+                       save_every=tail, check_every=check_every, step_offset=step_offset + main,
+                       progress=progress)
+        return tuple(torch.cat([o, e[1:]]) for o, e in zip(out, end))
     step = CompiledStep(integrator, system, steps=steps, t0=t0, block=K)
     return run_loop(step, q0, p0, h=h, steps=steps, check_every=check_every,
-                    step_offset=step_offset, **args)
+                    step_offset=step_offset, progress=progress, **args)
 
 
 def needs_graph(integrator, system, q0, p0, t0, h) -> bool:

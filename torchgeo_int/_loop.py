@@ -4,24 +4,45 @@ written into preallocated buffers without it, non-finite states detected every `
 steps, a non-converged implicit step named by its number."""
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .solvers import ConvergenceError
 
-__all__ = ["run_loop"]
+__all__ = ["run_loop", "n_saved", "progress_bar"]
+
+
+def n_saved(steps: int, save_every: int) -> int:
+    """The frames a rollout returns: steps 0, save_every, ... ≤ steps, and the final step."""
+    return -(-steps // save_every) + 1
+
+
+def progress_bar(total, desc):
+    """A tqdm bar over ``total`` steps; None, with a warning, when tqdm (an optional
+    dependency) is not installed."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        warnings.warn("progress=True needs tqdm (pip install tqdm); running without a bar",
+                      RuntimeWarning, stacklevel=3)
+        return None
+    return tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True)
 
 
 def run_loop(step, q0, p0, *, system, h, steps, t0, save_every, check_every, cache=None,
-             step_offset=0, return_cache=False):
+             step_offset=0, return_cache=False, progress=None):
     """Run ``steps`` steps of ``step`` from (q0, p0) at t0 and return the states every
-    ``save_every`` steps, the initial one included (``p0=None``: a first-order state, the second
+    ``save_every`` steps, the initial one included, and the final state (one more frame when
+    save_every does not divide steps; :func:`n_saved` frames in all) (``p0=None``: a first-order state, the second
     output is None).  ``step`` is a stepper: ``step(system, q, p, t, h, cache) -> (q, p, cache)``,
     optionally with ``step.run(q, p, h, n, cache)`` taking n steps in one call (and, when
     ``step.run.writes_out``, ``step.run(..., cache, out)`` writing the last state into ``out``,
     a pair of output rows).  ``cache`` starts
     the FSAL/warm-start chain (``return_cache=True`` returns the last one); ``step_offset``
-    numbers the steps in errors (a run continuing an earlier one)."""
-    n_out = steps // save_every + 1
+    numbers the steps in errors (a run continuing an earlier one); ``progress``: an object with
+    ``update(n)`` (a tqdm bar), told the steps of each stretch."""
+    n_out = n_saved(steps, save_every)
     # States that carry a graph are stacked at the end (in-place writes into one buffer would
     # chain every step through CopySlices); the others go into preallocated buffers: under
     # no_grad, and under grad mode while nothing the steps touch requires grad (a rollout of a
@@ -49,8 +70,8 @@ def run_loop(step, q0, p0, *, system, h, steps, t0, save_every, check_every, cac
         end = min(steps, (k // save_every + 1) * save_every, (k // check_every + 1) * check_every)
         written = False
         if run is not None:
-            if into and not track and end % save_every == 0 and p is not None:
-                i = end // save_every
+            if into and not track and (end % save_every == 0 or end == steps) and p is not None:
+                i = -(-end // save_every)
                 try:
                     q, p, cache = run(q, p, h, end - k, cache, (outs[0][i], outs[1][i]))
                     written = True
@@ -69,10 +90,12 @@ def run_loop(step, q0, p0, *, system, h, steps, t0, save_every, check_every, cac
                     q, p, cache = step(system, q, p, t0 + j * h, h, cache)
             except ConvergenceError as err:
                 raise err.with_step(step_offset + j) from None
+        if progress is not None:
+            progress.update(end - k)
         k = end
         cur = (q,) if p is None else (q, p)
-        if k % save_every == 0 and not written:
-            i = k // save_every
+        if (k % save_every == 0 or k == steps) and not written:
+            i = -(-k // save_every)
             if not track and grad_mode and any(x.requires_grad for x in cur):
                 # the steps depend on a tensor that requires grad (one a closure captured): the
                 # states so far are constants, the rest keep their graph

@@ -91,6 +91,30 @@ def not_reversible(integrator, system) -> str | None:
     return "its steps are not cotangent-lift steps of (q, p)"
 
 
+#: The options of each gradient mode (``rollout(..., grad=mode, **options)``, odeint's options).
+MODE_OPTIONS = {"backprop": (), "checkpoint": ("segment", "params"),
+                "reversible": ("reconstruction_tol", "params")}
+
+
+def check_mode_options(grad, options, where="rollout") -> None:
+    """Refuse an option that ``grad`` does not take, naming the accepted ones (odeint's wording)."""
+    unknown = sorted(set(options) - set(MODE_OPTIONS[grad]))
+    if unknown:
+        accepted = ", ".join(MODE_OPTIONS[grad]) or "none"
+        raise ValueError(f"unknown option(s) {unknown} for grad={grad!r} in {where}; accepted: "
+                         f"{accepted} (segment: grad='checkpoint'; reconstruction_tol: "
+                         f"grad='reversible'; params: both)")
+
+
+def check_reconstruction_tol(tol) -> float | None:
+    """None, or a finite number >= 0 (a NaN would disable the check silently)."""
+    if tol is None:
+        return None
+    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 <= tol < float("inf"):
+        raise ValueError(f"reconstruction_tol must be a finite number >= 0, got {tol!r}")
+    return float(tol)
+
+
 class GradMode:
     """How gradients flow through a rollout: a small object that owns its variant of the loop.
 
@@ -125,8 +149,7 @@ class _Lean(GradMode):
     option = ""   # the mode's own option (its one keyword besides ``params``)
 
     def __init__(self, params=None, **option):
-        if set(option) - {self.option}:
-            raise TypeError(f"unexpected options for grad={self.name!r}: {sorted(option)}")
+        check_mode_options(self.name, {**option, "params": params})
         setattr(self, self.option, option.get(self.option))
         self.params, self.params_checked = params, False
 
@@ -150,7 +173,7 @@ class Checkpoint(_Lean):
     name, option = "checkpoint", "segment"
 
     def _run(self, integrator, step, q0, p0, *, system, h, steps, t0, save_every, check_every,
-             step_offset, params_checked, params):
+             step_offset, params_checked, params, progress=None):
         segment = self.segment
         if segment is None:
             segment = max(1, math.isqrt(max(steps, 1) - 1) + 1)   # ⌈√steps⌉
@@ -167,7 +190,8 @@ class Checkpoint(_Lean):
         states = (q0,) if p0 is None else (q0, p0)
         if not torch.is_grad_enabled():
             return run_loop(step, q0, p0, system=system, h=h, steps=steps, t0=t0,
-                            save_every=save_every, check_every=check_every, step_offset=step_offset)
+                            save_every=save_every, check_every=check_every, step_offset=step_offset,
+                            progress=progress)
         params = (list(params) if params_checked
                   else resolve_params(step, system, states, t0, h, params))
         outs = [[x.unsqueeze(0)] for x in states]
@@ -193,9 +217,14 @@ class Checkpoint(_Lean):
                 return tuple(x[keep] for x in traj)
 
             traj = _Segment.apply(run, len(states), *states, *params)
+            if progress is not None:
+                progress.update(n)
+            last = done + n == steps
             for o, x in zip(outs, traj):
                 if n_frames:
                     o.append(x[:n_frames])
+                if last and steps % save_every:   # the final state, after the last saved frame
+                    o.append(x[-1:])
             if done + n < steps:   # not the last segment: its final state starts the next one
                 states = tuple(x[-1] for x in traj)
         result = tuple(torch.cat(o) for o in outs)
@@ -207,8 +236,12 @@ class Reversible(_Lean):
 
     name, option = "reversible", "reconstruction_tol"
 
+    def __init__(self, params=None, **option):
+        super().__init__(params, **option)
+        self.reconstruction_tol = check_reconstruction_tol(self.reconstruction_tol)
+
     def _run(self, integrator, step, q0, p0, *, system, h, steps, t0, save_every, check_every,
-             step_offset, params_checked, params):
+             step_offset, params_checked, params, progress=None):
         reconstruction_tol = self.reconstruction_tol
         why = "its state has no p" if p0 is None else not_reversible(integrator, system)
         if why:
@@ -229,7 +262,8 @@ class Reversible(_Lean):
         else:
             params = (list(params) if params_checked
                       else resolve_params(step, system, (q0, p0), t0, h, params))
-        spec = (step, system, h, steps, t0, save_every, check_every, reconstruction_tol, step_offset)
+        spec = (step, system, h, steps, t0, save_every, check_every, reconstruction_tol, step_offset,
+                progress)
         return _Reversible.apply(spec, q0, p0, *params)
 
 
@@ -245,8 +279,7 @@ def grad_mode(grad="backprop", **options) -> GradMode:
         return grad
     if grad not in GRAD_MODES:
         raise ValueError(f"grad must be one of {GRAD_MODES}, got {grad!r}")
-    if options and grad == "backprop":
-        raise TypeError(f"unexpected options for grad='backprop': {sorted(options)}")
+    check_mode_options(grad, options)
     return _MODES[grad](**options)
 
 
@@ -315,11 +348,11 @@ def _untracked_leaves(outputs, known):
 class _Reversible(torch.autograd.Function):
     @staticmethod
     def forward(ctx, spec, q0, p0, *params):
-        step, system, h, steps, t0, save_every, check_every, tol, step_offset = spec
+        step, system, h, steps, t0, save_every, check_every, tol, step_offset, progress = spec
         with torch.no_grad():
             qs, ps = run_loop(step, q0, p0, system=system, h=h, steps=steps, t0=t0,
                               save_every=save_every, check_every=check_every,
-                              step_offset=step_offset)
+                              step_offset=step_offset, progress=progress)
         ctx.spec = spec
         ctx.save_for_backward(q0, p0, qs[-1], ps[-1])
         ctx.params = params
@@ -327,12 +360,10 @@ class _Reversible(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, gqs, gps):
-        step, system, h, steps, t0, save_every, check_every, tol, _ = ctx.spec
+        step, system, h, steps, t0, save_every, check_every, tol, _, _ = ctx.spec
         q0, p0, qN, pN = ctx.saved_tensors
         params = ctx.params
-        last_saved = steps % save_every == 0
-        gq = gqs[-1].clone() if last_saved else torch.zeros_like(qN)
-        gp = gps[-1].clone() if last_saved else torch.zeros_like(pN)
+        gq, gp = gqs[-1].clone(), gps[-1].clone()     # the last frame is the final state
         gparams = [torch.zeros_like(w) for w in params]
         q, p = qN, pN
         back = None   # the −h steps' own cache (FSAL force, warm start) carries from step to step

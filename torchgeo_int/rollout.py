@@ -1,7 +1,9 @@
 r"""Batched rollouts: the front-end that validates its input and calls :func:`torchgeo_int.solve.solve`.
 
 ``rollout(system, q0, p0, h=..., steps=..., method=...)`` returns the trajectory
-``(q, p)``, each of shape ``(steps // save_every + 1, *q0.shape)``; for a first-order system
+``(q, p)``, each of shape ``(n_saved(steps, save_every), *q0.shape)`` — the states at steps
+0, save_every, 2·save_every, ... and always the final state (at step ``steps``: one more frame
+when save_every does not divide steps); for a first-order system
 (``p0=None``, an eq. (1) integrator) it returns the trajectory of x alone.  Batch dims are free
 (the integrators act on every sample at once); there is no per-sample Python loop.
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ._loop import n_saved, progress_bar
 from ._loop import run_loop  # noqa: F401  (its historical home: tests and experiments import it here)
 from ._validate import check_finite, check_int, check_pair, check_tensor
 from .integrators import get_method
@@ -26,7 +29,8 @@ def as_system(system) -> System:
 
 def rollout(system, q0: torch.Tensor, p0: torch.Tensor | None = None, *, h: float, steps: int,
             method="verlet", t0: float = 0.0, save_every: int = 1, check_every: int = 64,
-            grad: str = "backprop", compile: bool = False, **grad_options):
+            grad: str = "backprop", compile: bool = False, progress: bool = False,
+            **grad_options):
     r"""Integrate from (q0, p0) at t0 with ``steps`` steps of size ``h`` (negative h integrates
     backwards) and return the states every ``save_every`` steps, the initial one included.
 
@@ -43,6 +47,10 @@ def rollout(system, q0: torch.Tensor, p0: torch.Tensor | None = None, *, h: floa
     without ``torch.no_grad()``) the rollout costs what it costs under ``no_grad``: the states go
     into preallocated outputs, which carry no graph (with ``compile=True``: the no_grad blocks,
     decided from one eager step, :func:`torchgeo_int._compile.needs_graph`).
+    ``progress=True`` shows a tqdm bar over the steps (labelled with the method).
+    A rollout whose outputs (and, under autograd with ``grad="backprop"``, the states its graph
+    keeps) cannot fit in the free memory of the device is refused before the first step with a
+    ``MemoryError`` that gives the numbers and the remedies (``save_every``, ``grad="checkpoint"``).
     Non-finite states are detected every ``check_every`` steps (one host sync each) and raise
     ``FloatingPointError`` naming the steps; an implicit step that does not converge raises
     ``ConvergenceError`` naming the step.
@@ -70,7 +78,60 @@ def rollout(system, q0: torch.Tensor, p0: torch.Tensor | None = None, *, h: floa
     h = float(h)
     if h == 0.0 or h != h or abs(h) == float("inf"):
         raise ValueError(f"h must be a finite nonzero step size, got {h}")
+    if not isinstance(progress, bool):
+        raise ValueError(f"progress must be a bool, got {progress!r}")
     mode = grad_mode(grad, **grad_options)
-    out = solve(integrator, system, q0, p0, h=h, steps=steps, t0=float(t0), save_every=save_every,
-                check_every=check_every, grad=mode, compile=compile)
+    _check_memory(q0, p0, steps, save_every, mode.name)
+    bar = progress_bar(steps, f"rollout {integrator.name}") if progress else None
+    try:
+        out = solve(integrator, system, q0, p0, h=h, steps=steps, t0=float(t0),
+                    save_every=save_every, check_every=check_every, grad=mode, compile=compile,
+                    progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
     return out[0] if first_order else out
+
+
+def _free_bytes(device) -> int | None:
+    """Free memory of the device (CUDA: the driver's free memory plus what torch caches; CPU:
+    MemAvailable of /proc/meminfo), or None when unknown."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+    return None
+
+
+def _check_memory(q0, p0, steps, save_every, grad):
+    """Refuse, before stepping, a rollout whose stored states cannot fit: the saved frames
+    (always), and under autograd with grad='backprop' the graph's states — at least one
+    state per step (a lower bound: each step keeps its inputs for the backward pass)."""
+    state = sum(x.numel() * x.element_size() for x in (q0, p0) if x is not None)
+    outputs = n_saved(steps, save_every) * state
+    tracked = torch.is_grad_enabled() and grad == "backprop" and any(
+        x is not None and x.requires_grad for x in (q0, p0))
+    graph = steps * state if tracked else 0
+    need = outputs + graph
+    if need < 2 ** 30:        # below 1 GiB: not worth a look at the free memory
+        return
+    free = _free_bytes(q0.device)
+    if free is None or need <= free:
+        return
+    gib = lambda b: f"{b / 2 ** 30:.3g} GiB"   # noqa: E731
+    remedies = [f"save fewer frames (save_every={save_every} stores {n_saved(steps, save_every)} "
+                f"frames of {gib(state)}; the outputs alone need {gib(outputs)})"]
+    if graph:
+        remedies.append(f"grad='checkpoint' (keeps ~√steps states instead of the {gib(graph)} "
+                        "graph of every step) or grad='reversible' for symmetric methods")
+    remedies.append("fewer trajectories or steps per call (chunks: continue from the last state)")
+    raise MemoryError(f"this rollout would store at least {gib(need)} on {q0.device} "
+                      f"({steps} steps of a state of {gib(state)}{', under autograd' if graph else ''}); "
+                      f"{gib(free)} is free. Remedies: " + "; ".join(remedies) + ".")

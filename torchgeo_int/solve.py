@@ -31,18 +31,19 @@ def bind(integrator, system, *, compile: bool = False):
 def solve(integrator, system, q0, p0, *, h: float, steps: int, t0: float = 0.0,
           save_every: int = 1, check_every: int = 64, grad: GradMode = BACKPROP,
           compile: bool = False, step=None, step_offset: int = 0, cache=None,
-          return_cache: bool = False):
+          return_cache: bool = False, progress=None):
     """``steps`` steps of ``integrator`` from (q0, p0) at t0 (inputs already validated by the
     front-end); returns ``(qs, ps)`` (``ps`` None for a first-order state), and the last cache
     with ``return_cache=True``.  ``step``: a stepper bound once by a driver that runs several
-    stretches (odeint's groups of intervals); ``step_offset`` numbers their steps in errors."""
+    stretches (odeint's groups of intervals); ``step_offset`` numbers their steps in errors;
+    ``progress`` (a tqdm bar) is told the forward steps."""
     if compile and isinstance(grad, Backprop):
         out = compiled_rollout(integrator, system, q0, p0, h=h, steps=steps, t0=t0,
                                save_every=save_every, check_every=check_every,
-                               step_offset=step_offset)
+                               step_offset=step_offset, progress=progress)
         return (out, None) if return_cache else out
     if step is None:
         step = bind(integrator, system, compile=compile)
     return grad.run(integrator, step, q0, p0, system=system, h=h, steps=steps, t0=t0,
                     save_every=save_every, check_every=check_every, step_offset=step_offset,
-                    cache=cache, return_cache=return_cache)
+                    cache=cache, return_cache=return_cache, progress=progress)

@@ -284,6 +284,8 @@ def _iterate(step, z, struct, tol, max_iter, check_every, what, hint):
             z = new
             continue
         r = struct.residual(new, z)
+        if r.numel() == 0:   # an empty batch: no sample to converge (aminmax has no identity)
+            return new, k
         active = r if done is None else torch.where(done, torch.zeros_like(r), r)
         # One host sync per check: the worst residual of the samples still iterating (NaN or
         # inf when an iterate is non-finite: aminmax propagates NaN) and the best one.

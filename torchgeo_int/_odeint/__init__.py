@@ -73,14 +73,28 @@ Options of the geometric methods (anything else raises ValueError):
     a tensor inside the graphs; the graphs are kept for the last 8 (func, options, layout of y0),
     so a loop of calls compiles once; results equal the eager ones to round-off), ``segment`` (int, steps per
     recomputed segment of grad="checkpoint"), ``reconstruction_tol`` (float, grad="reversible"),
-    ``params`` (tensors to differentiate under a lean grad mode; see below).
+    ``params`` (tensors to differentiate under a lean grad mode; see below), ``perturb``
+    (bool: torchdiffeq's — a field evaluated at a step's start or end sees the time one ulp
+    inside the step; given at all, every step evaluates the field at its start as torchdiffeq's
+    do), ``interp`` ("step" — default — | "linear" | "cubic": the state inside the step where an
+    event is located), ``progress`` (bool: a tqdm bar over the steps).
+
+torchdiffeq's contract holds for every geometric method (:mod:`torchgeo_int._odeint.contract`):
+a ``t`` that requires grad gets the exact gradient of the discrete map with respect to the time
+grid (with grad="backprop", compile=False); ``event_fn`` (with ``options["step_size"]`` and
+len(t) == 2, as torchdiffeq's fixed-grid solvers) steps from t[0] towards t[1] and beyond until
+the event's sign changes, locates it with torchdiffeq's bisection to ``atol`` and returns
+``(event_t, stack([y0, y(event_t)]))`` — y(event_t) one step of the method of the partial size
+by default, so a state of the geometric map; ``func.callback_step(t0, y0, dt)`` is called before
+every step; ``callback_accept_step``/``callback_reject_step`` are never (a fixed-step method
+has no rejected steps) and warn, as torchdiffeq's fixed-grid solvers do.
 
 Gradients: by backpropagation through the steps — the exact gradient of the discrete map —,
-through implicit steps by the solvers' implicit-function-theorem backward.  ``t`` gets no
-gradient (a ``t`` that requires grad raises under grad mode).  A ``func`` that calls
+through implicit steps by the solvers' implicit-function-theorem backward; to ``t`` when it
+requires grad (above).  A ``func`` that calls
 ``torch.autograd.grad`` itself (HNNs; torchdiffeq issue #154) works: when grad mode is on at
 the call of ``odeint``, func sees grad mode on, and inputs that require grad, also inside the
-solvers' no-grad iterations.  ``event_fn`` is for torchdiffeq's methods only.
+solvers' no-grad iterations.
 
 Memory-lean gradients (``options["grad"]``, :mod:`torchgeo_int.gradients`; the same modes as
 ``tgi.rollout(..., grad=...)``): ``"checkpoint"`` keeps only segment boundaries (⌈√n⌉ steps per
@@ -114,11 +128,13 @@ import torchdiffeq
 
 from ..adaptive import odeint_adaptive
 from ..gradients import not_reversible
-from ..integrators import Integrator
+from ..integrators import CotangentLiftIntegrator, Integrator
+from ..integrators.first_order import FirstOrderIntegrator
 from ..systems import ODESystem
 from .checks import (COMMON, OPTIONS, PARTITIONED_ONLY, check_int, check_state, check_step_size,
-                     check_times, parse_grad_options, solver_tol)
-from .driver import integrate
+                     check_times, parse_grad_options, solver_tol, tol_values)
+from .contract import INTERPS, FirstCallCheck, TimeMap, integrate_until_event, step_callback
+from .driver import hooked_step, integrate
 from .methods import (FIRST_ORDER_METHOD_NAMES, GEOMETRIC_METHODS, PARTITIONED_METHODS,
                       TORCHDIFFEQ_METHODS, all_methods, configured, delegated_names,
                       is_geometric_name, is_torchdiffeq, method_name, resolve_method,
@@ -134,10 +150,12 @@ def odeint(func, y0, t, *, rtol=1e-7, atol=1e-9, method=None, options=None, even
     """Solve dy/dt = func(t, y), y(t[0]) = y0 at the times t (see the module docstring).
 
     Returns a tensor ``(len(t), *y0.shape)`` or a tuple of them like ``y0``; with ``event_fn``
-    (torchdiffeq's methods only) ``(event_t, solution)`` as in torchdiffeq.
+    ``(event_t, solution)`` as in torchdiffeq.
 
-    Raises ValueError for an unknown method (listing every method), an unknown option, or a bad
-    ``t`` (not 1-D, not strictly monotone, not finite); ``tgi.ConvergenceError`` (naming the
+    Raises ValueError for an unknown method (listing every method), an unknown option, a bad
+    ``t`` (not 1-D, not strictly monotone, not finite), a non-finite ``y0`` or a first output
+    of ``func`` whose shape is not y0's (for torchdiffeq's methods too, before they start: they
+    would broadcast it, or fail with "underflow in dt"); ``tgi.ConvergenceError`` (naming the
     step) when an implicit step does not converge; ``FloatingPointError`` when the solution
     becomes non-finite.
     """
@@ -150,6 +168,16 @@ def odeint(func, y0, t, *, rtol=1e-7, atol=1e-9, method=None, options=None, even
                     f"steps, and its memory-lean gradients are torchdiffeq's continuous adjoint: "
                     f"use tgi.odeint_adjoint(...) (or a geometric method with this option)")
             options = {k: v for k, v in options.items() if k != "grad"}
+        # torchdiffeq broadcasts a func of the wrong shape, turns an inf in t into NaN rows and
+        # loops on a NaN y0 ("underflow in dt"): the same checks as the geometric path first.
+        check_times(t)
+        if isinstance(y0, (torch.Tensor, tuple)):
+            parts = y0 if isinstance(y0, tuple) else (y0,)
+            for i, c in enumerate(parts):
+                if isinstance(c, torch.Tensor) and not bool(torch.isfinite(c).all()):
+                    raise ValueError(f"{'y0' if len(parts) == 1 else f'y0[{i}]'} contains NaN or inf")
+            if callable(func):
+                func = FirstCallCheck(func, y0)
         return torchdiffeq.odeint(func, y0, t, rtol=rtol, atol=atol, method=method,
                                   options=options, event_fn=event_fn)
     return geometric_odeint(func, y0, t, rtol=rtol, atol=atol, method=method, options=options,
@@ -184,9 +212,6 @@ def odeint_adjoint(func, y0, t, *, rtol=1e-7, atol=1e-9, method=None, options=No
 
 
 def geometric_odeint(func, y0, t, *, rtol, atol, method, options, event_fn):
-    if event_fn is not None:
-        raise ValueError(f"event_fn is supported by torchdiffeq's methods only, not by the "
-                         f"geometric method {method_name(method)!r}")
     if options is None:
         options = {}
     if not isinstance(options, Mapping):
@@ -220,13 +245,44 @@ def geometric_odeint(func, y0, t, *, rtol, atol, method, options, event_fn):
     dtype, device = parts[0].dtype, parts[0].device
     grad, grad_options = parse_grad_options(options)
     compile = options.get("compile", False)
-    if not isinstance(compile, bool):
-        raise ValueError(f"options['compile'] must be a bool, got {compile!r}")
+    flags = {k: options.get(k, False) for k in ("compile", "perturb", "progress")}
+    for k, v in flags.items():
+        if not isinstance(v, bool):
+            raise ValueError(f"options[{k!r}] must be a bool, got {v!r}")
+    interp = options.get("interp", "step")
+    if interp not in INTERPS:
+        raise ValueError(f"options['interp'] must be one of {INTERPS}, got {interp!r}")
+    name = method_name(method)
+    callback = step_callback(func, name)
+    t_grad = t.requires_grad and torch.is_grad_enabled()
+    hooked = {"gradients with respect to t (a t that requires grad)": t_grad,
+              "event_fn": event_fn is not None, "options['perturb']": "perturb" in options,
+              "func.callback_step": callback is not None}
+    hooked = [k for k, v in hooked.items() if v]
+    if hooked and (compile or grad != "backprop"):
+        raise ValueError(f"{' and '.join(hooked)} run(s) step by step with grad='backprop' and "
+                         f"compile=False; got grad={grad!r}, compile={compile} (pass t.detach() "
+                         "for no gradient in t)")
+    if event_fn is not None:
+        if len(times) != 2:
+            raise ValueError(f"event_fn needs len(t) == 2 (t[0] starts the event search, t[1] "
+                             f"gives its direction, as in torchdiffeq), got len(t)={len(times)}")
+        if step_size is None:
+            raise ValueError(f"event_fn with the geometric method {name!r} needs "
+                             "options['step_size'] (the step of the event search), as "
+                             "torchdiffeq's fixed-grid solvers do")
     caller = UserFunc(func, dtype, device, grad=torch.is_grad_enabled())
     if isinstance(method, Integrator):
         integrator = template
     else:
         integrator = configured(template, solver_tol(rtol, atol, dtype), solver, max_iter)
+    if t_grad and not _time_scalable(integrator):
+        raise ValueError(f"gradients with respect to t need a method whose step uses h only as "
+                         f"h·X (Runge–Kutta type: the named methods and their compositions); "
+                         f"{name!r} is not known to be one: pass t.detach()")
+    run = dict(caller=caller, t=t if t_grad else None, perturb=flags["perturb"],
+               fresh="perturb" in options,
+               callback=callback, progress=name if flags["progress"] else None)
 
     if kind == "first_order":
         if func is None:
@@ -241,8 +297,12 @@ def geometric_odeint(func, y0, t, *, rtol, atol, method, options, event_fn):
             register_module(system, "user_func", func)
             return system
         system = system_for(compile, kind, func, options, state, y0, caller, build)
+        run["to_user"] = lambda x, _p: state.unflatten(x)
+        if event_fn is not None:
+            return _event(integrator, system, (state.x0, None), y0, t, times, step_size, event_fn,
+                          atol, interp, lambda tt, x, _p: (system.vector_field(x, None, tt), None), run)
         (X,) = integrate(integrator, system, (state.x0,), times, step_size, t.dtype,
-                          grad, grad_options, compile)
+                          grad, grad_options, compile, **run)
         return state.assemble(X)
 
     # An explicit splitting of a separable func solves nothing per sample: the state keeps the
@@ -255,10 +315,40 @@ def geometric_odeint(func, y0, t, *, rtol, atol, method, options, event_fn):
     why = not_reversible(integrator, system) if grad == "reversible" else None
     if why:
         raise ValueError(reversible_refusal(integrator, why))
+    run["to_user"] = state.assemble
     if "adaptive" in options:   # reversible variable steps + dense output (torchgeo_int.adaptive)
-        if grad != "backprop" or compile:
-            raise ValueError("options['adaptive'] supports grad='backprop' without compile only")
+        if grad != "backprop" or compile or event_fn is not None:
+            raise ValueError("options['adaptive'] supports grad='backprop' without compile or event_fn only")
         return state.assemble(*odeint_adaptive(integrator, system, state, times, options, step_size))
+    if event_fn is not None:
+        return _event(integrator, system, (state.q0, state.p0), y0, t, times, step_size, event_fn,
+                      atol, interp, lambda tt, q, p: system.vector_field(q, p, tt), run)
     Q, P = integrate(integrator, system, (state.q0, state.p0), times, step_size, t.dtype,
-                      grad, grad_options, compile)
+                      grad, grad_options, compile, **run)
     return state.assemble(Q, P)
+
+
+def _time_scalable(integrator) -> bool:
+    """Whether the step uses h only as h·X (see ``_contract.TimeMap``): cotangent-lift and
+    first-order steps and compositions of them."""
+    return all(isinstance(m, (CotangentLiftIntegrator, FirstOrderIntegrator))
+               for m, _ in integrator.stages())
+
+
+def _event(integrator, system, states, y0, t, times, step_size, event_fn, atol, interp, field, run):
+    """odeint with event_fn on a geometric method: (event_t, stack([y0, y(event_t)]))."""
+    caller = run["caller"]
+    if run["t"] is not None:   # the field sees t[0] + (τ − τ0): the gradient reaches t[0]
+        caller.time_map = TimeMap(run["t"][0].to(caller.dtype), times[0])
+    try:
+        h = step_size if times[1] > times[0] else -step_size
+        event_t, y_event = integrate_until_event(
+            hooked_step(integrator.bind(system), run), system, states, times[0], h, event_fn,
+            to_user=run["to_user"], tol=min(tol_values(atol, "atol")), interp=interp, field=field)
+    finally:
+        caller.time_map = None
+    if isinstance(y0, tuple):
+        solution = tuple(torch.stack([a, b]) for a, b in zip(y0, y_event))
+    else:
+        solution = torch.stack([y0, y_event])
+    return event_t.to(t.dtype).detach(), solution

@@ -5,12 +5,13 @@ import math
 
 import torch
 
-from ..gradients import GRAD_MODES
+from ..gradients import GRAD_MODES, check_reconstruction_tol
 from .._validate import check_int as check_value
 from ..solvers import default_tol
 
 GRAD_OPTIONS = ("grad", "segment", "reconstruction_tol", "params")
-COMMON = ("step_size", "batch_dims", "solver", "max_iter", "compile") + GRAD_OPTIONS
+COMMON = ("step_size", "batch_dims", "solver", "max_iter", "compile", "perturb", "interp",
+          "progress") + GRAD_OPTIONS
 PARTITIONED_ONLY = ("split", "separable", "hamiltonian")
 ADAPTIVE = ("adaptive", "control", "h_min", "max_steps", "form")   # torchgeo_int.adaptive
 OPTIONS: tuple[str, ...] = COMMON + PARTITIONED_ONLY + ADAPTIVE
@@ -25,10 +26,7 @@ def check_times(t) -> list[float]:
         raise ValueError(f"t must be one-dimensional, got shape {tuple(t.shape)}")
     if t.numel() == 0:
         raise ValueError("t is empty: it must hold at least the initial time")
-    if t.requires_grad and torch.is_grad_enabled():
-        raise ValueError("the geometric methods give no gradient with respect to t; pass "
-                         "t.detach() (torchdiffeq's own methods do differentiate in t)")
-    times = t.tolist()
+    times = t.detach().tolist()
     if not all(math.isfinite(x) for x in times):
         raise ValueError("t contains NaN or inf")
     d = [b - a for a, b in zip(times, times[1:])]
@@ -102,10 +100,7 @@ def parse_grad_options(options):
     if "segment" in kw:
         check_int(kw["segment"], "segment", 1)
     if "reconstruction_tol" in kw:
-        tol = kw["reconstruction_tol"]
-        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol >= 0:
-            raise ValueError(f"options['reconstruction_tol'] must be a number >= 0, got {tol!r}")
-        kw["reconstruction_tol"] = float(tol)
+        kw["reconstruction_tol"] = check_reconstruction_tol(kw["reconstruction_tol"])
     if "params" in kw:
         params = kw["params"]
         try:

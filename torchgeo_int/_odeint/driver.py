@@ -5,37 +5,70 @@ import math
 
 import torch
 
+from .._loop import progress_bar
 from ..solve import Backprop, bind, grad_mode, solve
+from .contract import StepHooks, TimeMap
 
 CHECK_EVERY = 64  # steps between finiteness checks (one host sync each)
 
 
+def hooked_step(step, run):
+    """The bound step with torchdiffeq's per-step hooks (perturb, callback_step), if any."""
+    if not (run["fresh"] or run["callback"] is not None):
+        return step
+    return StepHooks(step, caller=run["caller"], perturb=run["perturb"], callback=run["callback"],
+                     to_user=run["to_user"], fresh=run["fresh"])
+
+
 def integrate(integrator, system, states, times, step_size, t_dtype, grad="backprop",
-               grad_options=None, compile=False):
+              grad_options=None, compile=False, *, caller=None, t=None, perturb=False,
+              fresh=False, callback=None, progress=None, to_user=None):
     """Run the steps over t; returns each state's trajectory at every t, (len(t), *shape).
 
     Each group of equal steps is one :func:`torchgeo_int.solve.solve` with the stepper bound
     once; under a lean grad mode each is its own checkpointed or reversible autograd node with a
     fresh FSAL cache (the parameters resolved, and the closure check made, once).  ``compile``:
-    the groups run as ``rollout(..., compile=True)`` does (:mod:`torchgeo_int._compile`)."""
+    the groups run as ``rollout(..., compile=True)`` does (:mod:`torchgeo_int._compile`).
+    ``t``: the times as a tensor that requires grad — each interval then runs on its own, under
+    a ``contract.TimeMap`` that carries the gradient to t; ``perturb``/``fresh``/``callback``:
+    torchdiffeq's per-step hooks (``contract.StepHooks``); ``progress``: a label, for a tqdm bar
+    over the steps."""
     outs = [[x.unsqueeze(0)] for x in states]
     q, p = states[0], (states[1] if len(states) > 1 else None)
     cache, offset = None, 0
+    groups = equal_step_runs(times, step_size, torch.finfo(t_dtype).eps)
+    if t is not None:   # one interval at a time: each has its own step h_i(t)
+        groups = [(i0 + j, 1, n) for i0, m, n in groups for j in range(m)]
     groups = [(i0, m, n, times[i0], times[i0 + m], (times[i0 + m] - times[i0]) / (m * n))
-              for i0, m, n in equal_step_runs(times, step_size, torch.finfo(t_dtype).eps)]
+              for i0, m, n in groups]
     mode = grad_mode(grad, **(grad_options or {}))
     step = bind(integrator, system, compile=compile and not isinstance(mode, Backprop))
+    step = hooked_step(step, dict(caller=caller, perturb=perturb, fresh=fresh, callback=callback,
+                                  to_user=to_user))
+    bar = None
+    if progress is not None:
+        bar = progress_bar(sum(m * n for _, m, n, *_ in groups), f"odeint {progress}")
     if groups:   # the parameters are resolved, and the closure check made, once
         mode = mode.with_params(step, system, states, groups[0][3], groups[0][5])
     for i0, m, n, ta, tb, h in groups:
-        res, cache = solve(integrator, system, q, p, h=h, steps=m * n, t0=ta, save_every=n,
-                           check_every=CHECK_EVERY, grad=mode, compile=compile, step=step,
-                           step_offset=offset, cache=cache, return_cache=True)
+        if t is not None:
+            h_t = (t[i0 + 1] - t[i0]).to(caller.dtype) / n
+            caller.time_map = TimeMap(t[i0].to(caller.dtype), ta, h_t / h)
+            cache = None   # an FSAL force carries the last interval's c: recomputed
+        try:
+            res, cache = solve(integrator, system, q, p, h=h, steps=m * n, t0=ta, save_every=n,
+                               check_every=CHECK_EVERY, grad=mode, compile=compile, step=step,
+                               step_offset=offset, cache=cache, return_cache=True, progress=bar)
+        finally:
+            if t is not None:
+                caller.time_map = None
         offset += m * n
         res = res[:len(states)]
         for o, r in zip(outs, res):
             o.append(r[1:])
         q, p = res[0][-1], (res[1][-1] if len(states) > 1 else None)
+    if bar is not None:
+        bar.close()
     return tuple(torch.cat(o) for o in outs)
 
 

@@ -9,6 +9,7 @@ import math
 import torch
 
 from ..systems import Hamiltonian, VectorFieldSystem, grad_of
+from .contract import perturbed
 from .methods import FIRST_ORDER_METHOD_NAMES
 
 class UserFunc:
@@ -19,12 +20,25 @@ class UserFunc:
 
     def __init__(self, func, dtype, device, grad):
         self.func, self.dtype, self.device, self.grad = func, dtype, device, grad
+        self.window = None      # (start, end) of the step being taken, under options['perturb']
+        self.time_map = None    # a contract.TimeMap, when t requires grad
+
+    def scale(self, out):
+        """out multiplied by the time map's c (the field of a rescaled step; contract.TimeMap)."""
+        return out if self.time_map is None else self.time_map.scale(out)
 
     def __call__(self, t, y):
         if isinstance(t, torch.Tensor):   # (compiled graphs pass t as a tensor)
             tt = t.to(self.dtype)
         else:
             tt = torch.full((), t, dtype=self.dtype, device=self.device)
+        if self.window is not None:
+            tt = perturbed(tt, self.window)
+        if self.time_map is not None:
+            return self.scale(self._call(self.time_map.time(tt), y))
+        return self._call(tt, y)
+
+    def _call(self, tt, y):
         if not self.grad or torch.is_grad_enabled():
             return self.func(tt, y)
         with torch.enable_grad():
@@ -209,7 +223,7 @@ def partitioned_system(func, caller, state, options):
             raise TypeError("options['hamiltonian'] must be callable as H(q, p) -> energy")
         if func is not None:
             raise ValueError("with options['hamiltonian'] pass func=None: the field is X_H")
-        system = EnergySystem(H, state, separable)
+        system = EnergySystem(lambda q, p: caller.scale(H(q, p)), state, separable)
         register_module(system, "user_hamiltonian", H)
         return system
     if func is None:

@@ -1,0 +1,164 @@
+"""Hostile input to rollout and odeint (issues 21 and 22): each bad input gets a clear error
+before garbage, a hang or a cryptic message."""
+import warnings
+
+import pytest
+import torch
+
+import torchgeo_int as tgi
+from torchgeo_int.solvers import fixed_point, newton
+
+DT = torch.float64
+
+
+def _H(q, p):
+    return 0.5 * (p * p).sum(-1) + 0.5 * (q * q).sum(-1)
+
+
+def _state(n=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 2, dtype=DT, generator=g), torch.randn(n, 2, dtype=DT, generator=g)
+
+
+# -- issue 21, item 3 ----------------------------------------------------------------------------
+@pytest.mark.parametrize("tol", [float("nan"), -1.0, "1e-3", True])
+def test_rollout_reversible_refuses_bad_reconstruction_tol(tol):
+    q0, p0 = _state()
+    with pytest.raises(ValueError, match="reconstruction_tol"):
+        tgi.rollout(_H, q0.requires_grad_(), p0, h=0.1, steps=10, method="verlet", grad="reversible",
+                    reconstruction_tol=tol)
+
+
+# -- issue 21, item 13 / issue 22, item 5 --------------------------------------------------------
+def test_rollout_grad_mode_misspelled_option_names_the_accepted_ones():
+    q0, p0 = _state()
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['segmnt'\].*accepted: segment, params"):
+        tgi.rollout(_H, q0, p0, h=0.1, steps=10, grad="checkpoint", segmnt=3)
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['segment'\] for grad='backprop'"):
+        tgi.rollout(_H, q0, p0, h=0.1, steps=10, segment=3)
+
+
+def test_rollout_progress_bar(capsys):
+    q0, p0 = _state()
+    q, p = tgi.rollout(_H, q0, p0, h=0.1, steps=20, method="verlet", progress=True)
+    assert q.shape == (21, 4, 2)
+    err = capsys.readouterr().err
+    assert "rollout verlet" in err and "20/20" in err
+    qr, _ = tgi.rollout(_H, q0, p0, h=0.1, steps=20, method="verlet")
+    assert torch.equal(q, qr)
+
+
+def test_odeint_geometric_progress_bar(capsys):
+    y = tgi.odeint(lambda t, y: -y, torch.ones(3, dtype=DT), torch.linspace(0, 1, 5, dtype=DT),
+                   method="implicit_midpoint", options=dict(step_size=0.05, progress=True))
+    assert y.shape == (5, 3)
+    err = capsys.readouterr().err
+    assert "odeint implicit_midpoint" in err and "20/20" in err
+
+
+# -- issue 22, item 4 ----------------------------------------------------------------------------
+@pytest.mark.parametrize("grad", ["backprop", "checkpoint", "reversible"])
+def test_save_every_not_dividing_steps_returns_the_final_state(grad):
+    q0, p0 = _state()
+    q0 = q0.requires_grad_()
+    q, p = tgi.rollout(_H, q0, p0, h=0.1, steps=10, method="verlet", save_every=3, grad=grad)
+    qa, pa = tgi.rollout(_H, q0, p0, h=0.1, steps=10, method="verlet")
+    assert q.shape == (5, 4, 2)                  # steps 0, 3, 6, 9 and the final step 10
+    assert torch.allclose(q[:4], qa[::3], atol=1e-14) and torch.allclose(q[-1], qa[-1], atol=1e-14)
+    assert torch.allclose(p[-1], pa[-1], atol=1e-14)
+    g = torch.autograd.grad(q[-1].sum(), q0)[0]
+    ga = torch.autograd.grad(qa[-1].sum(), q0)[0]
+    assert torch.allclose(g, ga, atol=1e-10)
+
+
+def test_save_every_not_dividing_steps_compiled_and_no_grad():
+    q0, p0 = _state()
+    with torch.no_grad():
+        q, _ = tgi.rollout(_H, q0, p0, h=0.1, steps=10, method="verlet", save_every=4)
+        qa, _ = tgi.rollout(_H, q0, p0, h=0.1, steps=10, method="verlet")
+    assert q.shape == (4, 4, 2)
+    assert torch.allclose(q[-1], qa[-1], atol=1e-14)
+
+
+# -- issue 21, item 5 and 9: torchdiffeq's methods ------------------------------------------------
+@pytest.mark.parametrize("method", ["dopri5", "euler", "rk4"])
+def test_delegated_odeint_checks_t(method):
+    f = lambda t, y: -y                                          # noqa: E731
+    y0 = torch.ones(2, dtype=DT)
+    for t, match in ((torch.tensor([0.0, 1.0, float("inf")], dtype=DT), "NaN or inf"),
+                     (torch.tensor([0.0, float("nan")], dtype=DT), "NaN or inf"),
+                     (torch.tensor([0.0, 1.0, 0.5], dtype=DT), "strictly")):
+        with pytest.raises(ValueError, match=match):
+            tgi.odeint(f, y0, t, method=method)
+
+
+@pytest.mark.parametrize("method", ["dopri5", "euler"])
+def test_delegated_odeint_checks_y0_and_the_first_func_output(method):
+    t = torch.tensor([0.0, 1.0], dtype=DT)
+    with pytest.raises(ValueError, match="y0 contains NaN or inf"):
+        tgi.odeint(lambda t, y: -y, torch.tensor([float("nan"), 1.0], dtype=DT), t, method=method)
+    with pytest.raises(ValueError, match=r"func returned shape \(1,\), expected \(2,\)"):
+        tgi.odeint(lambda t, y: -y[:1], torch.ones(2, dtype=DT), t, method=method)
+    with pytest.raises(ValueError, match=r"func returned shape \(\), expected \(2,\)"):
+        tgi.odeint(lambda t, y: -y.sum(), torch.ones(2, dtype=DT), t, method=method)
+    with pytest.raises(ValueError, match="func returned NaN or inf"):
+        tgi.odeint(lambda t, y: y * float("nan"), torch.ones(2, dtype=DT), t, method=method)
+
+
+def test_delegated_odeint_tuple_state_and_t_gradient_still_work():
+    t = torch.tensor([0.0, 0.5, 1.0], dtype=DT, requires_grad=True)
+    y0 = (torch.ones(2, dtype=DT, requires_grad=True), torch.ones(3, dtype=DT))
+    ys = tgi.odeint(lambda t, y: (-y[0], y[1] * 0), y0, t, method="dopri5")
+    ys[0][-1].sum().backward()
+    assert t.grad is not None and torch.isfinite(t.grad).all()
+
+
+# -- issue 21, item 8 ----------------------------------------------------------------------------
+@pytest.mark.parametrize("method", ["implicit_midpoint", "verlet", "yoshida4"])
+def test_empty_batch_on_implicit_paths(method):
+    z = torch.zeros(0, 2, dtype=DT)
+    q, p = tgi.rollout(_H, z, z, h=0.1, steps=3, method=method)     # _H is not separable: implicit
+    assert q.shape == (4, 0, 2) and p.shape == (4, 0, 2)
+    x = tgi.rollout(tgi.ODESystem(lambda t, x: -x), torch.zeros(0, 3, dtype=DT), h=0.1, steps=3,
+                    method="implicit_euler")
+    assert x.shape == (4, 0, 3)
+
+
+def test_solvers_on_an_empty_batch():
+    z = torch.zeros(0, 3, dtype=DT)
+    assert fixed_point(lambda z: 0.5 * z, z).shape == (0, 3)
+    assert newton(lambda z: z - 1.0, z).shape == (0, 3)
+
+
+# -- issue 21, item 11 ---------------------------------------------------------------------------
+@pytest.mark.parametrize("grad_on", [True, False])
+def test_rollout_that_cannot_fit_is_refused_before_stepping(grad_on):
+    q0, p0 = _state(n=1000)
+    calls = []
+
+    def H(q, p):
+        calls.append(1)
+        return _H(q, p)
+
+    with torch.set_grad_enabled(grad_on):
+        with pytest.raises(MemoryError) as err:
+            tgi.rollout(H, q0.requires_grad_(grad_on), p0, h=0.1, steps=10 ** 11, method="verlet")
+    msg = str(err.value)
+    assert "save_every" in msg and "GiB" in msg
+    if grad_on:
+        assert "grad='checkpoint'" in msg
+    assert not calls                                       # refused before the first step
+
+
+# -- issue 21, item 14 ---------------------------------------------------------------------------
+def test_compile_over_budget_falls_back_to_eager_with_a_warning(monkeypatch):
+    from torchgeo_int import _compile
+    monkeypatch.setattr(_compile, "COMPILE_BUDGET_S", 0.0)
+    system = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: 0.5 * (q * q).sum(-1))
+    q0, p0 = _state()
+    with torch.no_grad():
+        with pytest.warns(RuntimeWarning, match="compile budget"):
+            q, p = tgi.rollout(system, q0, p0, h=0.01, steps=32, method="verlet", save_every=16,
+                               compile=True)
+        qe, pe = tgi.rollout(system, q0, p0, h=0.01, steps=32, method="verlet", save_every=16)
+    assert torch.allclose(q, qe, atol=1e-13) and torch.allclose(p, pe, atol=1e-13)
