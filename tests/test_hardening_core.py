@@ -158,7 +158,13 @@ def test_compile_over_budget_falls_back_to_eager_with_a_warning(monkeypatch):
     q0, p0 = _state()
     with torch.no_grad():
         with pytest.warns(RuntimeWarning, match="compile budget"):
-            q, p = tgi.rollout(system, q0, p0, h=0.01, steps=32, method="verlet", save_every=16,
+            q, p = tgi.rollout(system, q0, p0, h=0.01, steps=4, method="verlet", save_every=2,
                                compile=True)
-        qe, pe = tgi.rollout(system, q0, p0, h=0.01, steps=32, method="verlet", save_every=16)
+        qe, pe = tgi.rollout(system, q0, p0, h=0.01, steps=4, method="verlet", save_every=2)
     assert torch.allclose(q, qe, atol=1e-13) and torch.allclose(p, pe, atol=1e-13)
+    # the abandoned compile goes on in its worker thread: let it finish (a small graph here), so
+    # it neither competes with later tests nor is torn down inside C++ at interpreter exit
+    import threading
+    for worker in threading.enumerate():
+        if worker.name == "torchgeo_int-compile":
+            worker.join(120)
