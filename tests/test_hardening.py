@@ -262,3 +262,21 @@ def test_spherical_pendulum_top_conversions_refuse_states_off_their_manifold():
     flipped[..., 0] *= -1
     with pytest.raises(ValueError, match="det -1"):
         pend.from_top_state(flipped, mu)
+
+
+def test_lie_rollout_refuses_g0_off_so3():
+    """Issue 21 (4): a rollout on SO(3) / SO(3)×R³ from a non-orthogonal g0 or a reflection is
+    refused at the start (the Lie steps would keep gᵀg constant, not = I)."""
+    from torchgeo_int.manifolds import FreeRigidBody
+    system = FreeRigidBody(torch.tensor([1.0, 2.0, 3.5], dtype=torch.float64))
+    g0 = torch.eye(3, dtype=torch.float64).expand(2, 3, 3).clone()
+    mu0 = torch.tensor([[0.3, -0.2, 0.5], [0.1, 0.4, -0.3]], dtype=torch.float64)
+    tgi.rollout(system, g0, mu0, h=0.1, steps=2, method="lie_midpoint_cayley")   # on the group: fine
+    bent = g0.clone()
+    bent[0, 0, 1] = 0.3
+    with pytest.raises(ValueError, match="not a rotation matrix"):
+        tgi.rollout(system, bent, mu0, h=0.1, steps=2, method="lie_midpoint_cayley")
+    flipped = g0.clone()
+    flipped[1, :, 0] *= -1
+    with pytest.raises(ValueError, match="reflection"):
+        tgi.rollout(system, flipped, mu0, h=0.1, steps=2, method="lie_midpoint_cayley")

@@ -247,6 +247,11 @@ class LieGroup:
             raise ValueError(f"{names[0]} and {names[1]} are on different devices")
         check_finite(g, names[0])
         check_finite(mu, names[1])
+        self.check_member(g, names[0])
+
+    def check_member(self, g, name="g"):
+        """Refuse a g off the group (the steps keep it on the group it starts on, not on G):
+        nothing to check for a group whose every point of the right shape is a member."""
 
     def _shape_str(self):
         return ", ".join(str(s) for s in self.point_shape)
@@ -265,6 +270,9 @@ class SO3Group(LieGroup):
 
     def __init__(self):
         self.taus = {"exp": SO3Exp(), "cayley": SO3Cayley()}
+
+    def check_member(self, g, name="g"):
+        so3.check_rotation(g, name)
 
     def identity(self, *batch, dtype=None, device=None):
         return torch.eye(3, dtype=dtype, device=device).expand(*batch, 3, 3).clone()
@@ -313,6 +321,9 @@ class SO3xR3Group(LieGroup):
 
     def __init__(self):
         self.taus = {"exp": ProductTau(SO3Exp()), "cayley": ProductTau(SO3Cayley())}
+
+    def check_member(self, g, name="g"):
+        so3.check_rotation(g[..., :3, :3], f"the rotation block of {name}")
 
     def identity(self, *batch, dtype=None, device=None):
         e = torch.zeros(*batch, 3, 4, dtype=dtype, device=device)
