@@ -280,3 +280,20 @@ def test_lie_rollout_refuses_g0_off_so3():
     flipped[1, :, 0] *= -1
     with pytest.raises(ValueError, match="reflection"):
         tgi.rollout(system, flipped, mu0, h=0.1, steps=2, method="lie_midpoint_cayley")
+
+
+def test_odeint_hamiltonian_option_of_per_coordinate_values_is_refused():
+    """Issue 21 (1): odeint(options=dict(hamiltonian=H)) with H returning one value per
+    coordinate is refused naming the option and both shapes (it integrated another system)."""
+    q0 = torch.tensor([[1.0, 0.2], [0.5, -0.3]], dtype=torch.float64)
+    p0 = torch.tensor([[0.0, 1.0], [0.4, 0.2]], dtype=torch.float64)
+    t = torch.linspace(0.0, 0.1, 3, dtype=torch.float64)
+    good = lambda q, p: 0.5 * (p * p).sum(-1) - 1 / q.norm(dim=-1)
+    out = tgi.odeint(None, (q0, p0), t, method="implicit_midpoint",
+                     options=dict(hamiltonian=good, batch_dims=1))
+    assert out[0].shape == (3, 2, 2)
+    bad = lambda q, p: 0.5 * p * p - 1 / q.norm(dim=-1, keepdim=True)
+    for y0 in ((q0, p0), torch.cat([q0, p0], -1)):
+        with pytest.raises(ValueError, match=r"options\['hamiltonian'\].*returned shape \(2, 2\)"):
+            tgi.odeint(None, y0, t, method="implicit_midpoint",
+                       options=dict(hamiltonian=bad, batch_dims=1))

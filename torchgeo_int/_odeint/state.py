@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from ..systems import Hamiltonian, VectorFieldSystem, grad_of
+from ..systems import Hamiltonian, VectorFieldSystem, check_energy, grad_of
 from .contract import perturbed
 from .methods import FIRST_ORDER_METHOD_NAMES
 
@@ -223,7 +223,10 @@ def partitioned_system(func, caller, state, options):
             raise TypeError("options['hamiltonian'] must be callable as H(q, p) -> energy")
         if func is not None:
             raise ValueError("with options['hamiltonian'] pass func=None: the field is X_H")
-        system = EnergySystem(lambda q, p: caller.scale(H(q, p)), state, separable)
+        # H sees the user's shapes here: its output is checked against them (one value per
+        # sample; per-coordinate values would be summed by the gradient into another system)
+        system = EnergySystem(lambda q, p: caller.scale(
+            check_energy(H(q, p), p, "options['hamiltonian']", H)), state, separable)
         register_module(system, "user_hamiltonian", H)
         return system
     if func is None:
