@@ -25,10 +25,9 @@ import torch
 from torch import nn
 
 from ..forced import ForcedSystem
-from ..lifts import CotangentLift
-from ..maps import DiscretizationMap, MidpointMap
+from ..maps import DiscretizationMap
 from ..rollout import rollout
-from .losses import _check_number, check_data
+from .losses import _check_number, check_data, map_pairs
 from .._validate import check_int as _check_int
 from .modules import HNN, MLP, MechanicalHNN, SeparableHNN, _fill_tril
 
@@ -190,14 +189,7 @@ def forced_residual_loss(model, q: Tensor, p: Tensor, *, dt: float, control=None
     r"""The forced eq. (20) residual r_j = tangent − h (X_{H_θ} + F_θ^v)(base) of every observed
     pair, (base, tangent) = (R_d^{T*})⁻¹(x_j, x_{j+1}), mean |r_j|²/h² (units of derivative
     matching).  The force is evaluated at the base time t_j + αh (α of R, ½ otherwise)."""
-    dt = _check_number(dt, "dt")
-    R = MidpointMap() if R is None else R
-    if not isinstance(R, DiscretizationMap):
-        raise TypeError(f"R must be a DiscretizationMap, got {type(R).__name__}")
-    check_data(q, p, names=("q", "p"), ndim=3, min_len=2)
-    n = q.shape[-1]
-    x = torch.cat([q, p], -1)
-    base, tangent = CotangentLift(R).inverse(x[:, :-1], x[:, 1:])
+    dt, R, n, base, tangent = map_pairs(q, p, dt, R)
     a = float(getattr(R, "alpha", 0.5))
     U = _stacked_control(control, [(j + a) * dt for j in range(q.shape[1] - 1)], q)
     _set_control(model, U)

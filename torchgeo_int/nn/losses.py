@@ -163,6 +163,20 @@ def rollout_loss(model, q: Tensor, p: Tensor, *, dt: float, method="verlet", sub
     return 0.5 * ((eq * eq).mean() + (ep * ep).mean())
 
 
+
+def map_pairs(q: Tensor, p: Tensor, dt, R: DiscretizationMap | None):
+    """Windows (N, L, n) of observed states validated and mapped pair by pair through
+    (R_d^{T*})⁻¹ (eq. (7); R the midpoint map when None): (dt, R, n, base, tangent), the
+    shared start of the residual losses (no implicit solve)."""
+    dt = _check_number(dt, "dt")
+    R = MidpointMap() if R is None else R
+    if not isinstance(R, DiscretizationMap):
+        raise TypeError(f"R must be a DiscretizationMap, got {type(R).__name__}")
+    check_data(q, p, names=("q", "p"), ndim=3, min_len=2)
+    x = torch.cat([q, p], -1)
+    base, tangent = CotangentLift(R).inverse(x[:, :-1], x[:, 1:])
+    return dt, R, q.shape[-1], base, tangent
+
 def residual_loss(model, q: Tensor, p: Tensor, *, dt: float, R: DiscretizationMap | None = None,
                   per_time: bool = True, layout: str | None = None) -> Tensor:
     r"""The eq. (20) residual of every observed pair (x_j, x_{j+1}) of windows ``(N, L, n)``:
@@ -180,14 +194,7 @@ def residual_loss(model, q: Tensor, p: Tensor, *, dt: float, R: DiscretizationMa
     q, p = check_layout(q, p, layout, "residual_loss")
     system = as_system(model)
     _autonomous(system)
-    dt = _check_number(dt, "dt")
-    R = MidpointMap() if R is None else R
-    if not isinstance(R, DiscretizationMap):
-        raise TypeError(f"R must be a DiscretizationMap, got {type(R).__name__}")
-    check_data(q, p, names=("q", "p"), ndim=3, min_len=2)
-    n = q.shape[-1]
-    x = torch.cat([q, p], -1)
-    base, tangent = CotangentLift(R).inverse(x[:, :-1], x[:, 1:])
+    dt, R, n, base, tangent = map_pairs(q, p, dt, R)
     # the base point's time is t + αh; the model is autonomous, so any t will do
     dq, dp = system.vector_field(base[..., :n], base[..., n:], 0.0)
     r = tangent - dt * torch.cat([dq, dp], -1)
