@@ -240,3 +240,58 @@ def test_a_new_table_map_and_gradient_mode_each_touch_one_module(monkeypatch):
     q2, p2 = tgi.rollout(H, q0, p0, h=0.1, steps=10, method="implicit_midpoint", grad=mode)
     q1, p1 = tgi.rollout(H, q0, p0, h=0.1, steps=10, method="implicit_midpoint")
     assert mode.calls == 10 and torch.equal(q1, q2) and torch.equal(p1, p2)
+
+
+def test_a_new_lie_group_touches_one_module():
+    """README 'Architecture': a Lie group is one LieGroup subclass (with its τ); the public Lie
+    integrator steps it unchanged.  The translations (Rⁿ, +), defined here only: every τ is the
+    identity (exp and cay agree on an abelian group), Ad* and ad* are trivial, so the Lie
+    midpoint rule on T*Rⁿ is the implicit midpoint rule of the canonical (q, p) = (g, μ)."""
+    from torchgeo_int.manifolds.lie import LieGroup, RnTau
+    from torchgeo_int.manifolds.systems import LieHamiltonian
+
+    class Translations(LieGroup):
+        name = "R^2"
+        dim = 2
+        point_shape = (2,)
+
+        def __init__(self):
+            self.taus = {"exp": RnTau(), "cayley": RnTau()}
+
+        def identity(self, *batch, dtype=None, device=None):
+            return torch.zeros(*batch, 2, dtype=dtype, device=device)
+
+        def compose(self, a, b):
+            return a + b
+
+        def inverse(self, g):
+            return -g
+
+        def coad_inv(self, g, mu):
+            return mu
+
+        coad = coad_inv
+
+        def ad_star(self, xi, mu):
+            return torch.zeros_like(mu)
+
+        def left_grad(self, g, G):
+            return G
+
+        def right_tau(self, g, tau, xi):
+            return g + tau.minus_identity(xi)
+
+    def H(g, mu):
+        return 0.5 * (mu * mu).sum(-1) + (1 - torch.cos(g)).sum(-1)
+
+    system = LieHamiltonian(H, group=Translations())
+    gen = torch.Generator().manual_seed(3)
+    g0, mu0 = torch.randn(3, 2, generator=gen, dtype=F64), torch.randn(3, 2, generator=gen, dtype=F64)
+    g, mu = tgi.rollout(system, g0, mu0, h=0.1, steps=20, method="lie_midpoint_cayley")
+    q, p = tgi.rollout(tgi.Hamiltonian(H), g0, mu0, h=0.1, steps=20, method="implicit_midpoint")
+    assert torch.allclose(g, q, atol=1e-10, rtol=0) and torch.allclose(mu, p, atol=1e-10, rtol=0)
+    # and a composition table over it reaches its order: the Yoshida triple jump
+    e = [float((tgi.rollout(system, g0, mu0, h=1.0 / n, steps=n, method="lie_yoshida4_exp")[0][-1]
+                - tgi.rollout(system, g0, mu0, h=1.0 / 64, steps=64, method="lie_yoshida4_exp")[0][-1])
+               .abs().max()) for n in (4, 8)]
+    assert 2 ** 3.5 < e[0] / e[1] < 2 ** 4.5

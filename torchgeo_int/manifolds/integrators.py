@@ -15,6 +15,9 @@ The step (g_k, μ_k) ↦ (g_{k+1}, μ_{k+1}) is, with base point (ḡ, μ̄), V 
 On SO(3) (Ad*_{g⁻¹}μ = gμ) with u = τ(−αV)μ_k, w = u − h f:
 μ_{k+1} = τ(−(1−α)V) w,  μ̄ = (1−α)(dτᴿ_{(1−α)V})ᵀ w + α(dτᴿ_{−αV})ᵀ u.
 
+The step is the graph of :class:`~torchgeo_int.manifolds.lie.LieCotangentLift` (its
+``momentum_in``/``mu_bar``/``momentum_out`` equations and its map's ``base_point``/``end_point``):
+the lift is the one home of these formulas, the integrator only chooses the unknowns and solves.
 The unknowns are solved by :func:`~torchgeo_int.fixed_point` (or Newton): μ̄ alone when
 H = ½μᵀ𝕀⁻¹μ + U(g) (ξ = 𝕀⁻¹μ̄ then fixes ḡ = g_k τ(αhξ)), (ξ, μ̄) for a general H.  For the free
 rigid body with Cayley and α = ½ the equations reduce to μ_{k+1} = cay(−hξ/2)² μ_k,
@@ -39,7 +42,7 @@ from ..integrators.registry import register
 from ..maps import check_alpha
 from ..solvers import SolveOptions
 from . import so3
-from .lie import SO3xR3Group, SO3Group, Tau
+from .lie import LieCotangentLift, LieGroupMap, SO3Group, Tau
 from .systems import HeavyTop, LieGroupSystem, SphericalPendulum
 
 Tensor = torch.Tensor
@@ -47,24 +50,6 @@ Tensor = torch.Tensor
 __all__ = ["LieGroupIntegrator", "LieComposition", "Rattle", "lie_method", "LIE_METHODS"]
 
 _TAUS = ("cayley", "exp")
-
-
-def _right_tau_split(group, g, tau, alpha, V):
-    r"""g τ(αV) τ((1−α)V), as g + g K with K = K₁ + K₂ + K₁K₂, Kᵢ = τ(·) − e: the small
-    rotation is never added to I and rounded (which would make the error of gᵀg drift)."""
-    if isinstance(group, SO3xR3Group):
-        R, x = g[..., :3], g[..., 3]
-        R1 = _right_tau_split(SO3Group(), R, tau.rot, alpha, V[..., :3])
-        return torch.cat([R1, (x + V[..., 3:]).unsqueeze(-1)], -1)
-    if alpha == 0.0 or alpha == 1.0:
-        K = tau.minus_identity(V)
-    elif alpha == 0.5:
-        K1 = tau.minus_identity(0.5 * V)
-        K = 2.0 * K1 + K1 @ K1
-    else:
-        K1, K2 = tau.minus_identity(alpha * V), tau.minus_identity((1.0 - alpha) * V)
-        K = K1 + K2 + K1 @ K2
-    return g + g @ K
 
 
 class LieGroupIntegrator(ImplicitIntegrator):
@@ -98,6 +83,15 @@ class LieGroupIntegrator(ImplicitIntegrator):
         kind = {0.5: "midpoint", 0.0: "euler", 1.0: "euler_adjoint"}.get(self.alpha,
                                                                          f"alpha{self.alpha:g}")
         self.name = name or f"lie_{kind}_{tau}"
+        self._lifts = {}
+
+    def lift(self, group) -> LieCotangentLift:
+        """The cotangent lift of LieGroupMap(group, tau, α) whose equations the step solves
+        (one per group, built on first use)."""
+        lift = self._lifts.get(group)
+        if lift is None:
+            lift = self._lifts[group] = LieCotangentLift(LieGroupMap(group, self.tau_name, self.alpha))
+        return lift
 
     @property
     def check_every(self) -> int:
@@ -123,41 +117,41 @@ class LieGroupIntegrator(ImplicitIntegrator):
     def step(self, system, g, mu, t, h, cache=None):
         _check_system(system)
         group = system.group
-        tau = group.tau(self.tau_name)
+        lift = self.lift(group)
+        R = lift.R
         a, tb = self.alpha, t + self.alpha * h
         if (system.rigid and isinstance(group, SO3Group) and self.tau_name == "cayley"
                 and a == 0.5):
             return self._rigid_cayley_step(system, g, mu, t, h, cache)
+        # (V, M) = h X_H(ḡ, μ̄) in the lift's equations: w = u − h f, f = L_ḡ*∂H/∂g at ḡ.
         if system.rigid:
             def F(mb, g, mu):
                 V = h * system.velocity(mb)
-                f = -system.torque(group.right_tau(g, tau, a * V), tb)
-                u = tau.coad_inv(-a * V, mu)
-                return _mu_bar(tau, a, V, u, u - h * f)
+                f = -system.torque(R.base_point(g, V), tb)
+                u = lift.momentum_in(V, mu)
+                return lift.mu_bar(V, u, u - h * f)
 
             mb = self._solve(_preconditioned(F, system, group, h), _guess(cache, h, mu), (g, mu))
             V = h * system.velocity(mb)
-            f = -system.torque(group.right_tau(g, tau, a * V), tb)
+            f = -system.torque(R.base_point(g, V), tb)
             new_cache = _new_cache(cache, h, mb)
         else:
             def F(z, g, mu):
                 xi, mb = z
                 V = h * xi
-                f, xi_new = system.gradients(group.right_tau(g, tau, a * V), mb, tb)
-                u = tau.coad_inv(-a * V, mu)
-                return xi_new, _mu_bar(tau, a, V, u, u - h * f)
+                f, xi_new = system.gradients(R.base_point(g, V), mb, tb)
+                u = lift.momentum_in(V, mu)
+                return xi_new, lift.mu_bar(V, u, u - h * f)
 
             z0 = _guess(cache, h, None)
             if z0 is None or not isinstance(z0, tuple):
                 z0 = (system.gradients(g, mu, t)[1].detach(), mu.detach())
             xi, mb = self._solve(F, z0, (g, mu))
             V = h * xi
-            f, _ = system.gradients(group.right_tau(g, tau, a * V), mb, tb)
+            f, _ = system.gradients(R.base_point(g, V), mb, tb)
             new_cache = _new_cache(cache, h, (xi, mb))
-        w = tau.coad_inv(-a * V, mu) - h * f
-        mu1 = tau.coad_inv(-(1.0 - a) * V, w)
-        g1 = _right_tau_split(group, g, tau, a, V)
-        return g1, mu1, new_cache
+        mu1 = lift.momentum_out(V, lift.momentum_in(V, mu) - h * f)
+        return R.end_point(g, V), mu1, new_cache
 
     def _rigid_cayley_step(self, system, g, mu, t, h, cache):
         r"""α = ½, τ = cay on SO(3), H = ½μᵀ𝕀⁻¹μ + U(g).  With x = (h/2)𝕀⁻¹μ̄ every τ of the
@@ -266,15 +260,6 @@ def _new_cache(cache, h, z):
     z = tuple(x.detach() for x in z) if isinstance(z, tuple) else z.detach()
     prev = cache[1][:3] if (cache is not None and cache[0] == h) else ()
     return (h, (z, *prev))
-
-
-def _mu_bar(tau, a, V, u, w):
-    """μ̄ = (1−α)(dτᴿ_{(1−α)V})* w + α(dτᴿ_{−αV})* u (the second lift equation)."""
-    if a == 0.0:
-        return tau.dright_T(V, w)
-    if a == 1.0:
-        return tau.dright_T(-V, u)
-    return (1.0 - a) * tau.dright_T((1.0 - a) * V, w) + a * tau.dright_T(-a * V, u)
 
 
 def _check_system(system):

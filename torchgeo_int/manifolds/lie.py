@@ -40,7 +40,8 @@ from . import so3
 
 Tensor = torch.Tensor
 
-__all__ = ["LieGroup", "SO3", "SO3xR3", "Tau", "get_group", "LieGroupMap", "LieCotangentLift"]
+__all__ = ["LieGroup", "SO3", "SO3xR3", "Tau", "SO3Tau", "SO3_EXP", "SO3_CAYLEY", "RnTau", "get_group",
+           "LieGroupMap", "LieCotangentLift"]
 
 
 # -- coordinate maps τ -------------------------------------------------------------------------------
@@ -57,65 +58,38 @@ class Tau:
     name = "tau"
 
 
-class SO3Exp(Tau):
-    name = "exp"
+class SO3Tau(Tau):
+    """A τ on SO(3) given by its ``so3`` functions: the exponential and the Cayley map differ only
+    in which closed forms they call, so one class holds both (``SO3_EXP``, ``SO3_CAYLEY``)."""
+
+    def __init__(self, name, fn, minus_identity, inv, coad_inv, dright, dright_inv, dright_T,
+                 split_inv):
+        self.name, self._fn = name, fn
+        # plain functions as instance attributes: called without binding, as fast as so3's own
+        self.minus_identity, self.inv, self.coad_inv = minus_identity, inv, coad_inv
+        self.dright, self.dright_inv, self.dright_T = dright, dright_inv, dright_T
+        self.split_inv = split_inv
 
     def __call__(self, xi):
-        return so3.exp(xi)
-
-    def minus_identity(self, xi):
-        return so3.exp_minus_identity(xi)
-
-    def inv(self, g):
-        return so3.log(g)
-
-    def coad_inv(self, xi, mu):
-        return so3.rotate_exp(xi, mu)
-
-    def dright(self, xi):
-        return so3.dexp_right(xi)
-
-    def dright_inv(self, xi):
-        return so3.dexp_right_inv(xi)
-
-    def dright_T(self, xi, mu):
-        return so3.dexp_right_T_apply(xi, mu)
-
-    def split_inv(self, alpha, d):
-        return so3.log(d)          # exp(αξ)exp((1−α)ξ) = exp(ξ)
+        return self._fn(xi)
 
 
-class SO3Cayley(Tau):
-    name = "cayley"
+def _cay_split_inv(alpha, d):
+    # cay(aξ) is a rotation by 2 atan(a|ξ|/2) about ξ; with y = cay⁻¹(d), tan(φ/2) = |y|/2 and
+    # tan(atan(α s/2) + atan((1−α) s/2)) = |y|/2 is a quadratic in s = |ξ|, root
+    # ξ = 2y / (1 + sqrt(1 + α(1−α)|y|²)).
+    y = so3.cay_inv(d)
+    q = (alpha * (1.0 - alpha)) * (y * y).sum(-1, keepdim=True)
+    return 2.0 * y / (1.0 + torch.sqrt(1.0 + q))
 
-    def __call__(self, xi):
-        return so3.cay(xi)
 
-    def minus_identity(self, xi):
-        return so3.cay_minus_identity(xi)
-
-    def inv(self, g):
-        return so3.cay_inv(g)
-
-    def coad_inv(self, xi, mu):
-        return so3.rotate_cay(xi, mu)
-
-    def dright(self, xi):
-        return so3.dcay_right(xi)
-
-    def dright_inv(self, xi):
-        return so3.dcay_right_inv(xi)
-
-    def dright_T(self, xi, mu):
-        return so3.dcay_right_T_apply(xi, mu)
-
-    def split_inv(self, alpha, d):
-        # cay(aξ) is a rotation by 2 atan(a|ξ|/2) about ξ; with y = cay⁻¹(d), tan(φ/2) = |y|/2 and
-        # tan(atan(α s/2) + atan((1−α) s/2)) = |y|/2 is a quadratic in s = |ξ|, root
-        # ξ = 2y / (1 + sqrt(1 + α(1−α)|y|²)).
-        y = so3.cay_inv(d)
-        q = (alpha * (1.0 - alpha)) * (y * y).sum(-1, keepdim=True)
-        return 2.0 * y / (1.0 + torch.sqrt(1.0 + q))
+#: τ = exp on SO(3); exp(αξ)exp((1−α)ξ) = exp(ξ), so split_inv is log.
+SO3_EXP = SO3Tau("exp", so3.exp, so3.exp_minus_identity, so3.log, so3.rotate_exp,
+                 so3.dexp_right, so3.dexp_right_inv, so3.dexp_right_T_apply,
+                 lambda alpha, d: so3.log(d))
+#: τ = cay on SO(3) (rational: the cheapest).
+SO3_CAYLEY = SO3Tau("cayley", so3.cay, so3.cay_minus_identity, so3.cay_inv, so3.rotate_cay,
+                    so3.dcay_right, so3.dcay_right_inv, so3.dcay_right_T_apply, _cay_split_inv)
 
 
 class RnTau(Tau):
@@ -168,22 +142,24 @@ class ProductTau(Tau):
         return torch.cat([self.rot.coad_inv(xi[..., :3], mu[..., :3]), mu[..., 3:]], -1)
 
     def dright(self, xi):
-        out = xi.new_zeros(*xi.shape, 6)
-        out[..., :3, :3] = self.rot.dright(xi[..., :3])
-        out[..., 3:, 3:] = torch.eye(3, dtype=xi.dtype, device=xi.device)
-        return out
+        return _block_diag_identity(self.rot.dright(xi[..., :3]), xi)
 
     def dright_inv(self, xi):
-        out = xi.new_zeros(*xi.shape, 6)
-        out[..., :3, :3] = self.rot.dright_inv(xi[..., :3])
-        out[..., 3:, 3:] = torch.eye(3, dtype=xi.dtype, device=xi.device)
-        return out
+        return _block_diag_identity(self.rot.dright_inv(xi[..., :3]), xi)
 
     def dright_T(self, xi, mu):
         return torch.cat([self.rot.dright_T(xi[..., :3], mu[..., :3]), mu[..., 3:]], -1)
 
     def split_inv(self, alpha, d):
         return torch.cat([self.rot.split_inv(alpha, d[..., :3]), d[..., 3]], -1)
+
+
+def _block_diag_identity(A, xi):
+    """diag(A, I₃) (..., 6, 6): a product τ's differential, identity on the R³ factor."""
+    out = xi.new_zeros(*xi.shape, 6)
+    out[..., :3, :3] = A
+    out[..., 3:, 3:] = torch.eye(3, dtype=xi.dtype, device=xi.device)
+    return out
 
 
 def _pack(R, x):
@@ -260,6 +236,25 @@ class LieGroup:
         """g τ(ξ), as g + g (τ(ξ) − e)."""
         raise NotImplementedError
 
+    def right_tau_split(self, g, tau: Tau, alpha, V):
+        """g τ(αV) τ((1−α)V): the far end g₁ of a Lie step from its near end g₀ (generic form:
+        two right translations; the matrix groups form the product of the τ's first)."""
+        return self.right_tau(self.right_tau(g, tau, alpha * V), tau, (1.0 - alpha) * V)
+
+
+def _rotation_split(R, tau: Tau, alpha, V):
+    r"""R τ(αV) τ((1−α)V) on SO(3), as R + R K with K = K₁ + K₂ + K₁K₂, Kᵢ = τ(·) − e: the small
+    rotation is never added to I and rounded (which would make the error of RᵀR drift)."""
+    if alpha == 0.0 or alpha == 1.0:
+        K = tau.minus_identity(V)
+    elif alpha == 0.5:
+        K1 = tau.minus_identity(0.5 * V)
+        K = 2.0 * K1 + K1 @ K1
+    else:
+        K1, K2 = tau.minus_identity(alpha * V), tau.minus_identity((1.0 - alpha) * V)
+        K = K1 + K2 + K1 @ K2
+    return R + R @ K
+
 
 class SO3Group(LieGroup):
     """SO(3): points (..., 3, 3), 𝔤 = 𝔤* = R³ (hat map, dot-product pairing)."""
@@ -269,7 +264,7 @@ class SO3Group(LieGroup):
     point_shape = (3, 3)
 
     def __init__(self):
-        self.taus = {"exp": SO3Exp(), "cayley": SO3Cayley()}
+        self.taus = {"exp": SO3_EXP, "cayley": SO3_CAYLEY}
 
     def check_member(self, g, name="g"):
         so3.check_rotation(g, name)
@@ -303,6 +298,9 @@ class SO3Group(LieGroup):
     def right_tau(self, g, tau, xi):
         return g + g @ tau.minus_identity(xi)
 
+    def right_tau_split(self, g, tau, alpha, V):
+        return _rotation_split(g, tau, alpha, V)
+
     def membership_error(self, g):
         return so3.orthogonality_error(g)
 
@@ -320,7 +318,7 @@ class SO3xR3Group(LieGroup):
     point_shape = (3, 4)
 
     def __init__(self):
-        self.taus = {"exp": ProductTau(SO3Exp()), "cayley": ProductTau(SO3Cayley())}
+        self.taus = {"exp": ProductTau(SO3_EXP), "cayley": ProductTau(SO3_CAYLEY)}
 
     def check_member(self, g, name="g"):
         so3.check_rotation(g[..., :3, :3], f"the rotation block of {name}")
@@ -355,6 +353,10 @@ class SO3xR3Group(LieGroup):
     def right_tau(self, g, tau, xi):
         R, x = g[..., :3], g[..., 3]
         return _pack(R + R @ tau.rot.minus_identity(xi[..., :3]), x + xi[..., 3:])
+
+    def right_tau_split(self, g, tau, alpha, V):
+        # the R³ factor is additive: x + αv + (1−α)v = x + v
+        return _pack(_rotation_split(g[..., :3], tau.rot, alpha, V[..., :3]), g[..., 3] + V[..., 3:])
 
     def membership_error(self, g):
         return so3.orthogonality_error(g[..., :3])
@@ -418,7 +420,16 @@ class LieGroupMap(nn.Module):
         self.group.check_point(g1, "g1")
         d = self.group.compose(self.group.inverse(g0), g1)
         xi = self.tau.split_inv(self.alpha, d)
-        return self.group.right_tau(g0, self.tau, self.alpha * xi), xi
+        return self.base_point(g0, xi), xi
+
+    # The pieces of R_d written from the near end g₀ (what an integrator knows); unchecked.
+    def base_point(self, g0, xi):
+        """ḡ = g₀ τ(αξ), the base point of (g₀, ·) = R_d(ḡ, ξ)."""
+        return self.group.right_tau(g0, self.tau, self.alpha * xi)
+
+    def end_point(self, g0, xi):
+        """g₁ = g₀ τ(αξ) τ((1−α)ξ) = R²_d(ḡ, ξ) (see ``LieGroup.right_tau_split``)."""
+        return self.group.right_tau_split(g0, self.tau, self.alpha, xi)
 
     def check(self, g) -> dict:
         """Residuals of Def 2.2 at g in left-trivialised form: ``{"i": max|R_d(g, 0) − (g, g)|,
@@ -472,8 +483,7 @@ class LieCotangentLift(nn.Module):
         w = u + c
         g0, g1 = self.R(g, V)
         mu0 = tau.coad_inv(a * V, u)                      # Ad*_{τ(−αV)} u
-        mu1 = tau.coad_inv(-(1.0 - a) * V, w)             # Ad*_{τ((1−α)V)} w
-        return (g0, mu0), (g1, mu1)
+        return (g0, mu0), (g1, self.momentum_out(V, w))
 
     def inverse(self, first, second):
         (g0, mu0), (g1, mu1) = first, second
@@ -481,8 +491,28 @@ class LieCotangentLift(nn.Module):
         G.check_state(g0, mu0, ("g0", "mu0"))
         G.check_state(g1, mu1, ("g1", "mu1"))
         g, V = self.R.inverse(g0, g1)
-        u = tau.coad_inv(-a * V, mu0)
-        w = tau.coad_inv((1.0 - a) * V, mu1)
-        mu = (1.0 - a) * tau.dright_T((1.0 - a) * V, w) + a * tau.dright_T(-a * V, u)
+        u = self.momentum_in(V, mu0)
+        w = tau.coad_inv((1.0 - a) * V, mu1)              # Ad*_{τ((1−α)V)⁻¹} μ₁
+        mu = self.mu_bar(V, u, w)
         M = w - u + G.ad_star(V, mu)
         return (g, mu), (V, M)
+
+    # The lift's equations in the variables u, w (module docstring); unchecked.  The Lie-group
+    # integrator solves them with (V, M) = h X_H(ḡ, μ̄) from the near end (g₀, μ₀).
+    def momentum_in(self, V, mu0):
+        """u = Ad*_{τ(−αV)⁻¹} μ₀."""
+        return self.R.tau.coad_inv(-self.R.alpha * V, mu0)
+
+    def momentum_out(self, V, w):
+        """μ₁ = Ad*_{τ((1−α)V)} w (w = u + M − ad*_V μ̄)."""
+        return self.R.tau.coad_inv(-(1.0 - self.R.alpha) * V, w)
+
+    def mu_bar(self, V, u, w):
+        """μ̄ = (1−α)(dτᴿ_{(1−α)V})* w + α(dτᴿ_{−αV})* u (the second lift equation); one
+        differential when α ∈ {0, 1}."""
+        tau, a = self.R.tau, self.R.alpha
+        if a == 0.0:
+            return tau.dright_T(V, w)
+        if a == 1.0:
+            return tau.dright_T(-V, u)
+        return (1.0 - a) * tau.dright_T((1.0 - a) * V, w) + a * tau.dright_T(-a * V, u)
