@@ -25,7 +25,7 @@ import torch
 
 from ._autograd import reaches_other_leaves
 from ._validate import check_pair
-from .maps import DiscretizationMap
+from .maps import AlphaMap, DiscretizationMap
 from .solvers import ConvergenceError, newton
 from .systems import SeparableHamiltonian, System, takes_time, grad_of
 
@@ -498,20 +498,35 @@ class ComposedDiscreteLagrangian:
     D₂L_d^{(i)}(q_{i−1}, q_i) + D₁L_d^{(i+1)}(q_i, q_{i+1}) = 0 (Sect. 6: the composition of the
     Lagrangian submanifolds; α = 0 then α = 1 at h/2 generates Störmer–Verlet).
     By stationarity (envelope theorem) D₁L_d = D₁L_d^{(1)}(q₀, q₁), D₂L_d = D₂L_d^{(s)}(q_{s−1}, q_s).
-    The maps need a closed-form inverse (the interior solve differentiates D L_d^{(i)} again).
+
+    Two ways in.  From the end points (``__call__``, ``interior``, ``derivatives``, ``momenta``):
+    the maps need a closed-form inverse (the interior solve differentiates D L_d^{(i)} again).
+    From (q₀, p₀) (:meth:`generate`, the map (q₀, p₀) ↦ (q_s, p_s) that L_d generates, which is
+    the step of :class:`~torchgeo_int.VariationalIntegrator`): every stage is written at its base
+    point, so any map will do; ``ends=False`` builds it for that use only (no inverse needed,
+    the end-point methods then raise).
     """
 
-    def __init__(self, L: Lagrangian, maps: Sequence[DiscretizationMap], fractions=None):
+    def __init__(self, L: Lagrangian, maps: Sequence[DiscretizationMap], fractions=None, *,
+                 ends: bool = True):
         maps, fractions = check_fractions(maps, fractions)
-        if not all(R.has_closed_inverse for R in maps):
+        self.ends = ends and all(R.has_closed_inverse for R in maps)
+        if ends and not self.ends:
             raise ValueError("ComposedDiscreteLagrangian needs maps with a closed-form inverse "
                              "(AlphaMap, RetractionMap(..., inverse=...))")
+        self.maps = maps
         self.terms = [DiscreteLagrangian(L, R) for R in maps]
         self.fractions = fractions
         self.starts = [math.fsum(fractions[:i]) for i in range(len(fractions))]
 
+    def _need_ends(self):
+        if not self.ends:
+            raise ValueError("this ComposedDiscreteLagrangian was built with ends=False (for "
+                             "generate); the end-point form needs maps with a closed-form inverse")
+
     def interior(self, q0, qs, h, t=0.0, guess=None) -> list[Tensor]:
         """The stationary interior points [q₁, …, q_{s−1}] for the end points (q₀, q_s)."""
+        self._need_ends()
         check_pair(q0, qs, ("q0", "qs"))
         s = len(self.terms)
         if s == 1:
@@ -546,3 +561,83 @@ class ComposedDiscreteLagrangian:
     def momenta(self, q0, qs, h, t=0.0) -> tuple[Tensor, Tensor]:
         D1, D2 = self.derivatives(q0, qs, h, t)
         return -D1, D2
+
+    # -- from (q₀, p₀): the generated map, in base-point unknowns --------------------------------
+    def generate(self, q0, p0, h, t, v0, options, constraint=None) -> tuple[Tensor, Tensor]:
+        r"""(q_s, p_s) with p₀ = −D₁L_d(q₀, q_s), p_s = D₂L_d(q₀, q_s): the discrete Legendre
+        transforms solved jointly with the interior equations, by ``options`` (a
+        :class:`~torchgeo_int.solvers.SolveOptions`; its ``root``), from the velocity guess v0.
+
+        Stage i covers [t + aᵢh, t + (aᵢ + cᵢ)h] with the pair (q_{i−1}, q_i) = R_i(q̄ᵢ, wᵢ).
+        Unknowns: for an α-map the discrete velocity uᵢ = (q_i − q_{i−1})/(cᵢh), so that
+        q̄ᵢ = q_{i−1} + αcᵢh uᵢ and wᵢ = cᵢh uᵢ; for any other map the base point (q̄ᵢ, wᵢ) itself,
+        with the extra equation R¹ᵢ(q̄ᵢ, wᵢ) = q_{i−1}.  Either way L_d's derivatives are taken at
+        the base point, never through (q_i − q_{i−1})/h (which loses digits in float32) nor
+        through a Newton inverse.
+
+        ``constraint = (G₀, g)`` (holonomic constraints, ``torchgeo_int.constraints``): one more
+        unknown, the multiplier ν (..., m); p₀ becomes p₀ − G₀ᵀν in the first equation and
+        g(q_s) = 0 joins the system."""
+        maps, c = self.maps, self.fractions
+
+        def residual(z, q, p, *G):   # (q, p[, G₀]): the solver's args (solvers' note on args)
+            if G:
+                z, nu = z[:-1], z[-1]
+                p = p - (G[0].mT @ nu.unsqueeze(-1)).squeeze(-1)
+            st = self._stages(self._unflat(z), q, h, t)
+            res, prev_D2 = [], p  # p₀ + D₁L_d¹ = 0, then D₂L_d^{i−1} + D₁L_dⁱ = 0
+            for i, (_, D1, D2, extra) in enumerate(st):
+                res.append(prev_D2 + D1 if i else p + D1)
+                if extra is not None:
+                    res.append(extra)
+                prev_D2 = D2
+            if G:
+                res.append(constraint[1](st[-1][0]))
+            return tuple(res)
+
+        z0, start = [], q0.detach()
+        for i, R in enumerate(maps):
+            w = c[i] * h * v0
+            if isinstance(R, AlphaMap):
+                z0.append(v0)
+            else:
+                z0 += [(start + R.base_fraction * w).detach(), w.detach()]
+            start = start + w
+        args = (q0, p0)
+        if constraint is not None:
+            z0.append(q0.new_zeros(constraint[0].shape[:-1]))
+            args = (q0, p0, constraint[0])
+        z = options.root(residual, tuple(z0), args)
+        if constraint is not None:
+            z = z[:-1]
+        st = self._stages(self._unflat(z), q0, h, t)
+        return st[-1][0], st[-1][2]
+
+    def _stages(self, z, q0, h, t):
+        """Per stage: (end point, D₁L_d, D₂L_d, extra residual or None)."""
+        c, a = self.fractions, self.starts
+        out, start = [], q0
+        for i, (term, R) in enumerate(zip(self.terms, self.maps)):
+            hs, ts = c[i] * h, t + a[i] * h
+            if isinstance(R, AlphaMap):
+                w = hs * z[i]
+                qb, y0, end = start + R.alpha * w, None, start + w
+            else:
+                qb, w = z[i]
+                y0, end = R.forward_unchecked(qb, w)
+            _, _, D1, D2 = term.at_base(qb, w, hs, ts, ends=False)
+            out.append((end, D1, D2, None if y0 is None else y0 - start))
+            start = end
+        return out
+
+    def _unflat(self, z):
+        """The flat tuple of unknowns, regrouped per stage (α-map: u; other: (q̄, w))."""
+        out, j = [], 0
+        for R in self.maps:
+            if isinstance(R, AlphaMap):
+                out.append(z[j])
+                j += 1
+            else:
+                out.append((z[j], z[j + 1]))
+                j += 2
+        return out

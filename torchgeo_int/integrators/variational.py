@@ -14,15 +14,16 @@ R_d; order 2 when R_d is symmetric, else 1.
 Composition (Sect. 6): the discrete Lagrangian L_d¹(q₀, q₁; c₁h) + … + L_d^s(q_{s−1}, q_s; c_s h)
 with the intermediate points solved for, jointly with q_s, from p₀ = −D₁L_d¹(q₀, q₁) and the
 interior discrete Euler–Lagrange equations D₂L_d^{i}(q_{i−1}, q_i) + D₁L_d^{i+1}(q_i, q_{i+1}) = 0;
-α = 0 then α = 1 at h/2 is Störmer–Verlet.
+α = 0 then α = 1 at h/2 is Störmer–Verlet.  That solve is
+:meth:`~torchgeo_int.lagrangian.ComposedDiscreteLagrangian.generate` (the composed discrete
+Lagrangian is its one home; a single map is the composition of one), called by every step here.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
-from ..lagrangian import DiscreteLagrangian, Lagrangian, MechanicalLagrangian, check_fractions
+from ..lagrangian import (ComposedDiscreteLagrangian, DiscreteLagrangian, Lagrangian,
+                          MechanicalLagrangian, check_fractions)
 from ..maps import AlphaMap, DiscretizationMap
 from ..solvers import ConvergenceError, SolveOptions
 from .base import ImplicitIntegrator, Integrator
@@ -90,7 +91,6 @@ class VariationalIntegrator(ImplicitIntegrator):
         if single and fractions is not None and list(fractions) != [1.0]:
             raise ValueError("fractions are for a list of maps; a single map takes the whole step")
         self.maps, self.fractions = check_fractions([R] if single else R, fractions)
-        self.starts = [math.fsum(self.fractions[:i]) for i in range(len(self.maps))]
         self.symmetric = self._is_symmetric()
         self.order = 2 if self.symmetric else 1
         self.options = SolveOptions("newton", tol, max_iter, backward)
@@ -135,80 +135,15 @@ class VariationalIntegrator(ImplicitIntegrator):
             raise
         return q1, p1, _VICache((q1 - q) / h)
 
+    def discrete_lagrangian(self, L: Lagrangian) -> ComposedDiscreteLagrangian:
+        """Σᵢ L_d^{(i)}(q_{i−1}, q_i; cᵢh) of L over this method's maps and fractions, in the
+        base-point form its step solves (``ends=False``: any map)."""
+        return ComposedDiscreteLagrangian(L, self.maps, self.fractions, ends=False)
+
     def _solve(self, L, q, p, t, h, v0, constraint=None):
-        """Stage i covers [t + aᵢh, t + (aᵢ + cᵢ)h] with the pair (q_{i−1}, q_i) = R_i(q̄ᵢ, wᵢ).
-        Unknowns: for an α-map the discrete velocity uᵢ = (q_i − q_{i−1})/(cᵢh), so that
-        q̄ᵢ = q_{i−1} + αcᵢh uᵢ and wᵢ = cᵢh uᵢ; for any other map the base point (q̄ᵢ, wᵢ) itself,
-        with the extra equation R¹ᵢ(q̄ᵢ, wᵢ) = q_{i−1}.  Either way L_d's derivatives are taken at
-        the base point, never through (q_i − q_{i−1})/h (which loses digits in float32) nor
-        through a Newton inverse.
-
-        ``constraint = (G_k, g)`` (holonomic constraints, ``torchgeo_int.constraints``): one more
-        unknown, the multiplier ν (..., m); p_k becomes p_k − G_kᵀν in the first equation and
-        g(q_{k+1}) = 0 joins the system."""
-        terms = [DiscreteLagrangian(L, R) for R in self.maps]
-        c, a = self.fractions, self.starts
-
-        def stages(z, q):
-            """Per stage: (end point, D₁L_d, D₂L_d, extra residual or None)."""
-            out, start = [], q
-            for i, (term, R) in enumerate(zip(terms, self.maps)):
-                hs, ts = c[i] * h, t + a[i] * h
-                if isinstance(R, AlphaMap):
-                    w = hs * z[i]
-                    qb, y0, end = start + R.alpha * w, None, start + w
-                else:
-                    qb, w = z[i]
-                    y0, end = R.forward_unchecked(qb, w)
-                _, _, D1, D2 = term.at_base(qb, w, hs, ts, ends=False)
-                out.append((end, D1, D2, None if y0 is None else y0 - start))
-                start = end
-            return out
-
-        def residual(z, q, p, *G):   # (q, p[, G_k]): the solver's args (solvers' note on args)
-            if G:
-                z, nu = z[:-1], z[-1]
-                p = p - (G[0].mT @ nu.unsqueeze(-1)).squeeze(-1)
-            st = stages(self._unflat(z), q)
-            res, prev_D2 = [], p  # p₀ + D₁L_d¹ = 0, then D₂L_d^{i−1} + D₁L_dⁱ = 0
-            for i, (_, D1, D2, extra) in enumerate(st):
-                res.append(prev_D2 + D1 if i else p + D1)
-                if extra is not None:
-                    res.append(extra)
-                prev_D2 = D2
-            if G:
-                res.append(constraint[1](st[-1][0]))
-            return tuple(res)
-
-        z0, start = [], q.detach()
-        for i, R in enumerate(self.maps):
-            w = c[i] * h * v0
-            if isinstance(R, AlphaMap):
-                z0.append(v0)
-            else:
-                z0 += [(start + R.base_fraction * w).detach(), w.detach()]
-            start = start + w
-        args = (q, p)
-        if constraint is not None:
-            z0.append(q.new_zeros(constraint[0].shape[:-1]))
-            args = (q, p, constraint[0])
-        z = self.options.root(residual, tuple(z0), args)
-        if constraint is not None:
-            z = z[:-1]
-        st = stages(self._unflat(z), q)
-        return st[-1][0], st[-1][2]
-
-    def _unflat(self, z):
-        """The flat tuple of unknowns, regrouped per stage (α-map: u; other: (q̄, w))."""
-        out, j = [], 0
-        for R in self.maps:
-            if isinstance(R, AlphaMap):
-                out.append(z[j])
-                j += 1
-            else:
-                out.append((z[j], z[j + 1]))
-                j += 2
-        return out
+        """(q_{k+1}, p_{k+1}) generated by the composed discrete Lagrangian of L
+        (:meth:`ComposedDiscreteLagrangian.generate`, which says what ``constraint`` adds)."""
+        return self.discrete_lagrangian(L).generate(q, p, h, t, v0, self.options, constraint)
 
 
 class DiscreteEulerLagrange(ImplicitIntegrator):
