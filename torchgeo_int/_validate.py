@@ -1,6 +1,8 @@
 """Input checks shared by every module: fail loudly with a message that says what was wrong."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -46,3 +48,14 @@ def check_int(value, name: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value
+
+
+def check_nonzero(x, name: str, what: str = "number") -> float:
+    """A finite nonzero real (an int or float, not a bool), as a float: a step size h, a data
+    spacing dt.  ``what`` names it in the message ("step size", "number")."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
+    x = float(x)
+    if x == 0.0 or not math.isfinite(x):
+        raise ValueError(f"{name} must be a finite nonzero {what}, got {x}")
+    return x

@@ -27,18 +27,14 @@ from torch import nn
 from ..forced import ForcedSystem
 from ..maps import DiscretizationMap
 from ..rollout import rollout
-from .losses import _check_number, check_data, map_pairs
-from .._validate import check_int as _check_int
-from .modules import HNN, MLP, MechanicalHNN, SeparableHNN, _fill_tril
+from .losses import check_data, map_pairs
+from .._validate import check_int
+from .modules import HNN, MLP, MechanicalHNN, SeparableHNN, TrilFill
 
 Tensor = torch.Tensor
 
 __all__ = ["PSDMatrix", "StateDamping", "InputMap", "PortHamiltonianNN", "forced_rollout_loss",
            "forced_residual_loss", "forced_derivative_loss"]
-
-
-def _tril(n):
-    return torch.tril_indices(n, n)
 
 
 class PSDMatrix(nn.Module):
@@ -47,16 +43,13 @@ class PSDMatrix(nn.Module):
 
     def __init__(self, dim: int, *, init: float = 0.1):
         super().__init__()
-        _check_int(dim, "dim", 1)
+        check_int(dim, "dim", 1)
         self.dim = dim
-        rows, cols = _tril(dim)
-        self.register_buffer("_rows", rows, persistent=False)
-        self.register_buffer("_cols", cols, persistent=False)
-        self.values = nn.Parameter(torch.where(rows == cols, float(init) ** 0.5, 0.0)
-                                   .to(torch.get_default_dtype()))
+        self.tril = TrilFill(dim)
+        self.values = nn.Parameter(self.tril.diagonal_values(float(init) ** 0.5))
 
     def forward(self, q):
-        L = _fill_tril(self.values.new_zeros(self.dim, self.dim), self.values, self._rows, self._cols)
+        L = self.tril(self.values)
         return (L @ L.mT).expand(*q.shape[:-1], self.dim, self.dim)
 
 
@@ -66,19 +59,15 @@ class StateDamping(nn.Module):
 
     def __init__(self, dim: int, *, width: int = 64, depth: int = 2, init: float = 0.1):
         super().__init__()
-        _check_int(dim, "dim", 1)
+        check_int(dim, "dim", 1)
         self.dim = dim
-        rows, cols = _tril(dim)
-        self.register_buffer("_rows", rows, persistent=False)
-        self.register_buffer("_cols", cols, persistent=False)
-        self.net = MLP(dim, len(rows), width=width, depth=depth)
+        self.tril = TrilFill(dim)
+        self.net = MLP(dim, self.tril.size, width=width, depth=depth)
         nn.init.zeros_(self.net[-1].weight)
-        self.bias = nn.Parameter(torch.where(rows == cols, float(init) ** 0.5, 0.0)
-                                 .to(torch.get_default_dtype()))
+        self.bias = nn.Parameter(self.tril.diagonal_values(float(init) ** 0.5))
 
     def forward(self, q):
-        raw = self.net(q) + self.bias
-        L = _fill_tril(raw.new_zeros(*raw.shape[:-1], self.dim, self.dim), raw, self._rows, self._cols)
+        L = self.tril(self.net(q) + self.bias)
         return L @ L.mT
 
 
@@ -88,8 +77,8 @@ class InputMap(nn.Module):
     def __init__(self, dim: int, n_controls: int, *, state: bool = True, width: int = 64,
                  depth: int = 2):
         super().__init__()
-        _check_int(dim, "dim", 1)
-        _check_int(n_controls, "n_controls", 1)
+        check_int(dim, "dim", 1)
+        check_int(n_controls, "n_controls", 1)
         self.dim, self.k = dim, n_controls
         if state:
             self.net = MLP(dim, dim * n_controls, width=width, depth=depth)
@@ -123,8 +112,8 @@ class PortHamiltonianNN(ForcedSystem):
     def __init__(self, dim: int, *, n_controls: int = 0, hamiltonian="mechanical",
                  damping: str | None = "constant", input_map: str = "state", width: int = 64,
                  depth: int = 2, damping_init: float = 0.1):
-        _check_int(dim, "dim", 1)
-        _check_int(n_controls, "n_controls", 0)
+        check_int(dim, "dim", 1)
+        check_int(n_controls, "n_controls", 0)
         opts = dict(width=width, depth=depth)
         if isinstance(hamiltonian, str):
             if hamiltonian not in _HAMILTONIANS:
@@ -165,7 +154,7 @@ def forced_rollout_loss(model, q: Tensor, p: Tensor, *, dt: float, control=None,
                         substeps: int = 1, **rollout_options) -> Tensor:
     r"""½ mean |Φ^{∘j}(x₀) − x_j|² over windows ``(N, k + 1, n)``, Φ = ``substeps`` steps of
     ``method`` on the forced model with step dt/substeps, from t = 0 at each window's start."""
-    dt = _check_number(dt, "dt")
+    dt = check_nonzero(dt, "dt")
     check_data(q, p, names=("q", "p"), ndim=3, min_len=2)
     k = q.shape[1] - 1
     _set_control(model, control)

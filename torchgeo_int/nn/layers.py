@@ -8,22 +8,11 @@ With a symplectic method the layer is a symplectic map for every value of the pa
 """
 from __future__ import annotations
 
-import math
-
 from torch import nn
 
-from .._validate import check_int
+from .._validate import check_int, check_nonzero
 from ..integrators import get_method
 from ..rollout import as_system, rollout
-
-
-def _check_h(h) -> float:
-    if isinstance(h, bool) or not isinstance(h, (int, float)):
-        raise TypeError(f"h must be a real number, got {type(h).__name__}")
-    h = float(h)
-    if h == 0.0 or not math.isfinite(h):
-        raise ValueError(f"h must be a finite nonzero step size, got {h}")
-    return h
 
 
 class SymplecticStep(nn.Module):
@@ -38,7 +27,7 @@ class SymplecticStep(nn.Module):
         super().__init__()
         self.hamiltonian = as_system(hamiltonian)
         self.integrator = get_method(method)
-        self.h = _check_h(h)
+        self.h = check_nonzero(h, "h", "step size")
         check_int(substeps, "substeps", 1)
         self.substeps = substeps
 
@@ -63,7 +52,7 @@ class SymplecticRollout(nn.Module):
         super().__init__()
         self.hamiltonian = as_system(hamiltonian)
         self.integrator = get_method(method)
-        self.h = _check_h(h)
+        self.h = check_nonzero(h, "h", "step size")
         check_int(steps, "steps", 0)
         check_int(save_every, "save_every", 1)
         self.steps, self.save_every = steps, save_every

@@ -20,24 +20,14 @@ time-first instead of training on the wrong axis).
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
+from .._validate import check_nonzero
 from ..lifts import CotangentLift
 from ..maps import DiscretizationMap, MidpointMap
 from ..rollout import as_system, rollout
 
 Tensor = torch.Tensor
-
-
-def _check_number(h, name) -> float:
-    if isinstance(h, bool) or not isinstance(h, (int, float)):
-        raise TypeError(f"{name} must be a real number, got {type(h).__name__}")
-    h = float(h)
-    if h == 0.0 or not math.isfinite(h):
-        raise ValueError(f"{name} must be a finite nonzero number, got {h}")
-    return h
 
 
 def check_data(*tensors: Tensor, names: tuple[str, ...], ndim: int | None = None,
@@ -150,7 +140,7 @@ def rollout_loss(model, q: Tensor, p: Tensor, *, dt: float, method="verlet", sub
     q, p = check_layout(q, p, layout, "rollout_loss")
     system = as_system(model)
     _autonomous(system)
-    dt = _check_number(dt, "dt")
+    dt = check_nonzero(dt, "dt")
     if isinstance(substeps, bool) or not isinstance(substeps, int) or substeps < 1:
         raise ValueError(f"substeps must be an int >= 1, got {substeps!r}")
     check_data(q, p, names=("q", "p"), ndim=3, min_len=2)
@@ -168,7 +158,7 @@ def map_pairs(q: Tensor, p: Tensor, dt, R: DiscretizationMap | None):
     """Windows (N, L, n) of observed states validated and mapped pair by pair through
     (R_d^{T*})⁻¹ (eq. (7); R the midpoint map when None): (dt, R, n, base, tangent), the
     shared start of the residual losses (no implicit solve)."""
-    dt = _check_number(dt, "dt")
+    dt = check_nonzero(dt, "dt")
     R = MidpointMap() if R is None else R
     if not isinstance(R, DiscretizationMap):
         raise TypeError(f"R must be a DiscretizationMap, got {type(R).__name__}")
@@ -219,7 +209,7 @@ def finite_differences(q: Tensor, p: Tensor, dt: float, *, layout: str | None = 
     :func:`derivative_loss` when only states are observed.  ``layout``: :func:`check_layout`
     (the result has the layout of the input)."""
     q, p = check_layout(q, p, layout, "finite_differences")
-    dt = _check_number(dt, "dt")
+    dt = check_nonzero(dt, "dt")
     check_data(q, p, names=("q", "p"), ndim=3, min_len=3)
     dq = torch.gradient(q, spacing=dt, dim=1, edge_order=2)[0]
     dp = torch.gradient(p, spacing=dt, dim=1, edge_order=2)[0]

@@ -180,15 +180,13 @@ class MechanicalHNN(Hamiltonian):
         self.separable = self.constant_mass
         opts = dict(width=width, depth=depth, activation=activation, init=init)
         self.potential = ScalarMLP(dim, **opts)
-        rows, cols = torch.tril_indices(dim, dim)
-        self.register_buffer("_rows", rows, persistent=False)
-        self.register_buffer("_cols", cols, persistent=False)
-        bias = torch.where(rows == cols, _inv_softplus(1.0), 0.0).to(torch.get_default_dtype())
+        self.tril = TrilFill(dim)
+        bias = self.tril.diagonal_values(_inv_softplus(1.0))
         if self.constant_mass:
             self.mass_params = nn.Parameter(bias.clone())
             self.mass_net = None
         else:
-            self.mass_net = MLP(dim, len(rows), **opts)
+            self.mass_net = MLP(dim, self.tril.size, **opts)
             last = self.mass_net[-1]
             nn.init.zeros_(last.weight)
             # The output layer of MLP has no bias; the offset that makes M = (1+ε)I lives here.
@@ -202,10 +200,8 @@ class MechanicalHNN(Hamiltonian):
             raw = self.mass_params.expand(*q.shape[:-1], -1)
         else:
             raw = self.mass_net(q) + self.mass_bias
-        diag = self._rows == self._cols
-        raw = torch.where(diag, nn.functional.softplus(raw), raw)
-        L = raw.new_zeros(*raw.shape[:-1], self.dim, self.dim)
-        return _fill_tril(L, raw, self._rows, self._cols)
+        raw = torch.where(self.tril.diagonal_mask(), nn.functional.softplus(raw), raw)
+        return self.tril(raw)
 
     def mass_matrix(self, q: Tensor) -> Tensor:
         """M_θ(q) = L Lᵀ + εI, shape ``(..., dim, dim)``: symmetric positive definite."""
@@ -242,11 +238,36 @@ class MechanicalHNN(Hamiltonian):
         return super().gradients(q, p, t)
 
 
-def _fill_tril(L: Tensor, values: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
-    # An out-of-place scatter keeps the graph simple (no in-place write on a leaf-derived view).
-    flat = L.reshape(*L.shape[:-2], -1)
-    idx = (rows * L.shape[-1] + cols).expand(*values.shape[:-1], -1)
-    return flat.scatter(-1, idx, values).reshape(L.shape)
+class TrilFill(nn.Module):
+    r"""values (..., n(n+1)/2) ↦ L (..., n, n), lower triangular with the values in
+    ``torch.tril_indices`` order: the factor of every learned SPD/PSD matrix here
+    (M_θ = LLᵀ + εI of :class:`MechanicalHNN`, the dampings C_θ = LLᵀ of ``nn.dissipative``)."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        rows, cols = torch.tril_indices(n, n)
+        self.n = n
+        self.register_buffer("rows", rows, persistent=False)
+        self.register_buffer("cols", cols, persistent=False)
+
+    @property
+    def size(self) -> int:
+        """n(n+1)/2, the number of values."""
+        return len(self.rows)
+
+    def diagonal_mask(self) -> Tensor:
+        return self.rows == self.cols
+
+    def diagonal_values(self, value: float) -> Tensor:
+        """The values of L = value·I (default dtype): the start of a learned factor."""
+        return torch.where(self.rows == self.cols, value, 0.0).to(torch.get_default_dtype())
+
+    def forward(self, values: Tensor) -> Tensor:
+        L = values.new_zeros(*values.shape[:-1], self.n, self.n)
+        # An out-of-place scatter keeps the graph simple (no in-place write on a leaf-derived view).
+        flat = L.reshape(*L.shape[:-2], -1)
+        idx = (self.rows * self.n + self.cols).expand(*values.shape[:-1], -1)
+        return flat.scatter(-1, idx, values).reshape(L.shape)
 
 
 class MLPVectorField(System):
@@ -273,4 +294,4 @@ class MLPVectorField(System):
 
 
 __all__ = ["HNN", "SeparableHNN", "MechanicalHNN", "MLPVectorField", "MLP", "ScalarMLP",
-           "ACTIVATIONS"]
+           "ACTIVATIONS", "TrilFill"]
