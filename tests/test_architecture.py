@@ -295,3 +295,39 @@ def test_a_new_lie_group_touches_one_module():
                 - tgi.rollout(system, g0, mu0, h=1.0 / 64, steps=64, method="lie_yoshida4_exp")[0][-1])
                .abs().max()) for n in (4, 8)]
     assert 2 ** 3.5 < e[0] / e[1] < 2 ** 4.5
+
+
+# -- no private names across modules ---------------------------------------------------------------
+def test_no_private_name_is_imported_across_modules():
+    """A helper shared by two modules is public (documented) in its one home: no module of the
+    package imports another's ``_name`` (private submodules such as ``_validate`` are fine, they
+    are modules; ``from torch ...`` and other packages are not looked at)."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(tgi.__file__).parent
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        pkg = path.parent
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level == 0 and not (node.module or "").startswith("torchgeo_int"):
+                continue
+            if node.level:
+                base = pkg
+                for _ in range(node.level - 1):
+                    base = base.parent
+                target = base.joinpath(*(node.module or "").split(".")) if node.module else base
+            else:
+                target = root.parent.joinpath(*node.module.split("."))
+            for alias in node.names:
+                name = alias.name
+                if not name.startswith("_") or name.startswith("__"):
+                    continue
+                if (target / f"{name}.py").exists() or (target / name / "__init__.py").exists():
+                    continue   # a private submodule, imported as a module
+                bad.append(f"{path.relative_to(root)}:{node.lineno} imports {name} from "
+                           f"{'.' * node.level}{node.module or ''}")
+    assert not bad, "private names imported across modules:\n" + "\n".join(bad)

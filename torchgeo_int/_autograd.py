@@ -53,3 +53,16 @@ def leaves_after(like: tuple[Tensor, ...], history: tuple[Tensor, ...]) -> tuple
     # nan_to_num: 0·inf is NaN, and a zero must stay zero whatever the history holds
     anchor = sum((t.reshape(-1)[:1].sum() * 0.0).nan_to_num(0.0, 0.0, 0.0) for t in hist)
     return tuple(torch.zeros_like(o) + anchor.to(o.dtype) for o in like)
+
+
+def batch_jacobian(out: Tensor, x: Tensor, create_graph: bool) -> Tensor:
+    """Per-sample Jacobian ∂out/∂x, (..., m, n) for out (..., m) and x (..., n), from m
+    batch-summed reverse passes (samples are independent); zeros where out does not depend on x."""
+    if not out.requires_grad:  # out does not depend on x
+        return out.new_zeros(*out.shape, x.shape[-1])
+    rows = []
+    for i in range(out.shape[-1]):
+        (g,) = torch.autograd.grad(out[..., i].sum(), x, retain_graph=True,
+                                   create_graph=create_graph, allow_unused=True)
+        rows.append(torch.zeros_like(x) if g is None else g)
+    return torch.stack(rows, -2)

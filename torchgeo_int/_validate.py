@@ -59,3 +59,22 @@ def check_nonzero(x, name: str, what: str = "number") -> float:
     if x == 0.0 or not math.isfinite(x):
         raise ValueError(f"{name} must be a finite nonzero {what}, got {x}")
     return x
+
+
+def singular_threshold(n: int, dtype) -> float:
+    """Condition numbers at or above 1/(n·eps) leave no correct digit in A⁻¹f (A n × n)."""
+    return 1.0 / (max(n, 1) * torch.finfo(dtype).eps)
+
+
+def find_singular(A: torch.Tensor, dtype, *, exponent: float = 1.0):
+    """The samples of a batch of square matrices A (..., m, m) that are numerically singular for
+    ``dtype``: condition number (taken in float64) infinite or ≥ singular_threshold(m, dtype) **
+    exponent (½ for a Gram matrix G Gᵀ, whose condition is that of G squared).  None when there
+    are none, else (how many, of how many, the worst condition number) for the caller's error."""
+    with torch.no_grad():
+        cond = torch.linalg.cond(A.double())
+    bad = ~torch.isfinite(cond) | (cond >= singular_threshold(A.shape[-1], dtype) ** exponent)
+    if not bool(bad.any()):
+        return None
+    worst = float(torch.where(torch.isfinite(cond), cond, torch.full_like(cond, math.inf)).max())
+    return int(bad.sum()), bad.numel(), worst

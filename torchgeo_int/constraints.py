@@ -36,16 +36,15 @@ A Jacobian that loses rank (G M⁻¹ Gᵀ singular: dependent or degenerate cons
 """
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import torch
 
-from ._autograd import reaches_other_leaves
-from ._validate import check_finite, check_pair
+from ._autograd import batch_jacobian, reaches_other_leaves
+from ._validate import check_finite, check_pair, find_singular
 from .integrators.base import ImplicitIntegrator, Integrator
-from .integrators.variational import VariationalIntegrator, _VICache
-from .lagrangian import MechanicalLagrangian, _rows, _singular_threshold
+from .integrators.variational import VariationalIntegrator, VelocityCache
+from .lagrangian import MechanicalLagrangian
 from .maps import AlphaMap, MidpointMap
 from .solvers import ConvergenceError, SolveOptions, newton
 from .systems import System
@@ -97,7 +96,7 @@ class ConstrainedSystem(System):
             c = self.constraint(x)
             if keep and not q.requires_grad:
                 keep = reaches_other_leaves(c, (x,))
-            return _rows(c, x, keep)
+            return batch_jacobian(c, x, keep)
 
     def mass_solve(self, p: Tensor) -> Tensor:
         """M⁻¹p."""
@@ -116,14 +115,13 @@ class ConstrainedSystem(System):
         with torch.no_grad():
             G = self.jacobian(q) if G is None else G.detach()
             A = self._gram(G)
-            cond = torch.linalg.cond(A.double())
         m = A.shape[-1]
-        bad = ~torch.isfinite(cond) | (cond >= _singular_threshold(m, q.dtype) ** 0.5)
-        if bool(bad.any()):
-            worst = float(torch.where(torch.isfinite(cond), cond, torch.full_like(cond, math.inf)).max())
+        found = find_singular(A, q.dtype, exponent=0.5)
+        if found is not None:
+            count, total, worst = found
             raise ConstraintRankError(
-                f"the constraint Jacobian G(q) = ∂g/∂q has lost rank at {int(bad.sum())} of "
-                f"{bad.numel()} sample(s): G M⁻¹ Gᵀ ({m}x{m}) has condition number {worst:.3e}; "
+                f"the constraint Jacobian G(q) = ∂g/∂q has lost rank at {count} of "
+                f"{total} sample(s): G M⁻¹ Gᵀ ({m}x{m}) has condition number {worst:.3e}; "
                 "the constraints must be independent (drop a redundant one, or write g so that "
                 "its gradient does not vanish on g = 0)")
 
@@ -227,26 +225,15 @@ class ConstrainedVariationalIntegrator(VariationalIntegrator, _ConstrainedBase):
     :class:`~torchgeo_int.VariationalIntegrator`; the midpoint map is the constrained midpoint
     rule, [α = 0, α = 1] at h/2 is RATTLE.  Order 2 when symmetric, else 1; symplectic on T*N."""
 
-    def __init__(self, R, fractions=None, **options):
-        name = options.pop("name", None)
-        super().__init__(R, fractions, **options)
-        self.name = name or "constrained_" + self.name
-
-    def adjoint(self):
-        return ConstrainedVariationalIntegrator([R.adjoint() for R in reversed(self.maps)],
-                                                list(reversed(self.fractions)), tol=self.tol,
-                                                max_iter=self.max_iter, backward=self.backward)
-
-    def key(self):
-        return ("constrained",) + super().key()
+    variant = "constrained"
 
     def step(self, system, q, p, t, h, cache=None):
         S = _constrained(system)
         L = S.lagrangian
-        v0 = cache.velocity if isinstance(cache, _VICache) else S.mass_solve(p).detach()
+        v0 = cache.velocity if isinstance(cache, VelocityCache) else S.mass_solve(p).detach()
         G0 = S.jacobian(q)
         q1, p1 = _rank_guard(S, q, G0, lambda: self._solve(L, q, p, t, h, v0, constraint=(G0, S.constraint)))
-        return q1, S.project_momentum(q1, p1), _VICache((q1 - q) / h)
+        return q1, S.project_momentum(q1, p1), VelocityCache((q1 - q) / h)
 
 
 def _build():

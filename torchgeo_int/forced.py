@@ -54,7 +54,7 @@ import torch
 from torch import nn
 
 from .integrators.variational import VariationalIntegrator
-from .lagrangian import Lagrangian, SecondOrderSystem, _Mass
+from .lagrangian import Lagrangian, SecondOrderSystem, ConstantMatrix
 from .maps import AlphaMap
 from .systems import ODESystem, System
 
@@ -125,7 +125,7 @@ class ForcedSystem(System):
             if callable(damping):
                 self._damping_fn = damping
             else:
-                C = _Mass(damping, invertible=False, name="damping")
+                C = ConstantMatrix(damping, invertible=False, name="damping")
                 M = C.M
                 if C.kind == "full":
                     _check_psd(M, "the damping matrix C")
@@ -267,18 +267,7 @@ class ForcedVariationalIntegrator(VariationalIntegrator):
     :class:`~torchgeo_int.VariationalIntegrator` (2 for a symmetric map or [α, 1 − α] at h/2);
     with a zero force it computes the unforced step, bit for bit."""
 
-    def __init__(self, R, fractions=None, **options):
-        name = options.pop("name", None)
-        super().__init__(R, fractions, **options)
-        self.name = name or "forced_" + self.name
-
-    def adjoint(self):
-        return ForcedVariationalIntegrator([R.adjoint() for R in reversed(self.maps)],
-                                           list(reversed(self.fractions)), tol=self.tol,
-                                           max_iter=self.max_iter, backward=self.backward)
-
-    def key(self) -> tuple:
-        return ("forced",) + super().key()
+    variant = "forced"
 
     def _equations(self, system):
         if not isinstance(system, ForcedSystem):

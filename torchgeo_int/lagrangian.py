@@ -23,8 +23,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from ._autograd import reaches_other_leaves
-from ._validate import check_pair
+from ._autograd import batch_jacobian, reaches_other_leaves
+from ._validate import check_pair, find_singular, singular_threshold
 from .maps import AlphaMap, DiscretizationMap
 from .solvers import ConvergenceError, newton
 from .systems import SeparableHamiltonian, System, takes_time, grad_of
@@ -36,12 +36,7 @@ __all__ = ["SecondOrderSystem", "Lagrangian", "MechanicalLagrangian", "Degenerat
 
 
 # -- mass matrices --------------------------------------------------------------------------------
-def _singular_threshold(n: int, dtype) -> float:
-    """Condition numbers at or above 1/(n·eps) leave no correct digit in M⁻¹f."""
-    return 1.0 / (max(n, 1) * torch.finfo(dtype).eps)
-
-
-class _Mass:
+class ConstantMatrix:
     """A constant linear operator on the coordinates: None (identity), a scalar, a vector
     (diagonal) or an (n, n) matrix.  As a mass (``invertible=True``) it is validated once (finite,
     not numerically singular) and M⁻¹ is formed once, because a constant M would otherwise be
@@ -71,13 +66,13 @@ class _Mass:
             return
         if mass.dim() <= 1:
             a = mass.abs()
-            if bool((a == 0).any()) or float(a.max() / a.min()) >= _singular_threshold(a.numel(), mass.dtype):
+            if bool((a == 0).any()) or float(a.max() / a.min()) >= singular_threshold(a.numel(), mass.dtype):
                 raise ValueError(f"the {name} matrix is singular: its diagonal {mass.tolist()} has "
                                  "a zero (or numerically zero) entry; q̈ = M⁻¹f needs an invertible M")
             self.Minv = 1.0 / self.M
             return
         cond = float(torch.linalg.cond(mass.detach().double()))
-        if not math.isfinite(cond) or cond >= _singular_threshold(mass.shape[0], mass.dtype):
+        if not math.isfinite(cond) or cond >= singular_threshold(mass.shape[0], mass.dtype):
             raise ValueError(f"the {name} matrix is singular (condition number {cond:.3e}); "
                              "q̈ = M⁻¹f needs an invertible M")
         self.Minv = torch.linalg.inv(self.M)
@@ -96,19 +91,19 @@ class _Mass:
 
     def solve(self, f: Tensor) -> Tensor:
         """M⁻¹ f, per sample (coordinates last)."""
-        if self.kind == "identity":
-            return f
-        self._check(f)
-        Minv = self._as(self.Minv, f)
-        return f @ Minv.mT if self.kind == "full" else f * Minv
+        return self._times(self.Minv, f)
 
     def apply(self, v: Tensor) -> Tensor:
         """M v, per sample."""
+        return self._times(self.M, v)
+
+    def _times(self, A, x):
+        """A x per sample for A = M or M⁻¹ (both of this operator's kind)."""
         if self.kind == "identity":
-            return v
-        self._check(v)
-        M = self._as(self.M, v)
-        return v @ M.mT if self.kind == "full" else v * M
+            return x
+        self._check(x)
+        A = self._as(A, x)
+        return x @ A.mT if self.kind == "full" else x * A
 
 
 def _check_state(q, v, names=("q", "v")):
@@ -145,7 +140,7 @@ class SecondOrderSystem(System):
         if self.velocity_dependent and not takes_v:
             raise TypeError("velocity_dependent=True needs force(t, q, v)")
         self.separable = not self.velocity_dependent
-        self._mass = _Mass(mass)
+        self._mass = ConstantMatrix(mass)
         self._energy = energy
 
     @classmethod
@@ -156,7 +151,7 @@ class SecondOrderSystem(System):
         ``damping`` C: None, a scalar, a vector (diagonal) or an (n, n) tensor."""
         if not callable(potential):
             raise TypeError("potential must be callable as potential(q)")
-        C = None if damping is None else _Mass(damping, invertible=False, name="damping")
+        C = None if damping is None else ConstantMatrix(damping, invertible=False, name="damping")
 
         def grad_V(q):
             return potential_grad(q) if potential_grad is not None else grad_of(potential, (q,))[0]
@@ -221,18 +216,6 @@ class SecondOrderSystem(System):
 
 
 # -- Lagrangians ----------------------------------------------------------------------------------
-def _rows(out: Tensor, x: Tensor, create_graph: bool) -> Tensor:
-    """Per-sample Jacobian ∂out/∂x, (..., n, n), from n batch-summed reverse passes."""
-    if not out.requires_grad:  # out does not depend on x
-        return out.new_zeros(*out.shape, x.shape[-1])
-    rows = []
-    for i in range(out.shape[-1]):
-        (g,) = torch.autograd.grad(out[..., i].sum(), x, retain_graph=True,
-                                   create_graph=create_graph, allow_unused=True)
-        rows.append(torch.zeros_like(x) if g is None else g)
-    return torch.stack(rows, -2)
-
-
 class DegenerateLagrangianError(ValueError):
     """∂²L/∂v² is singular: no Legendre transform, no (discrete) Euler–Lagrange solve."""
 
@@ -298,20 +281,18 @@ class Lagrangian(System):
             if keep and not (q.requires_grad or v.requires_grad):
                 keep = reaches_other_leaves(L, (vv,))
             (Lv,) = torch.autograd.grad(L, vv, create_graph=True)
-            return _rows(Lv, vv, keep)
+            return batch_jacobian(Lv, vv, keep)
 
     def check_regular(self, q, v, t=0.0) -> None:
         """Raise :class:`DegenerateLagrangianError` where ∂²L/∂v² is (numerically) singular."""
         with torch.no_grad():
             W = self.velocity_hessian(q, v, t)
-        n = W.shape[-1]
-        cond = torch.linalg.cond(W.double())
-        bad = ~torch.isfinite(cond) | (cond >= _singular_threshold(n, q.dtype))
-        if bool(bad.any()):
-            worst = float(torch.where(torch.isfinite(cond), cond, torch.full_like(cond, math.inf)).max())
+        found = find_singular(W, q.dtype)
+        if found is not None:
+            count, total, worst = found
             raise DegenerateLagrangianError(
                 f"the Lagrangian is degenerate: its velocity Hessian ∂²L/∂v² is singular at "
-                f"{int(bad.sum())} of {bad.numel()} sample(s) (condition number {worst:.3e}); "
+                f"{count} of {total} sample(s) (condition number {worst:.3e}); "
                 "the Legendre transform and the discrete Euler–Lagrange equations need a regular "
                 "Lagrangian")
 
@@ -361,7 +342,7 @@ class Lagrangian(System):
                 mixed = torch.autograd.grad((Lq * vv.detach()).sum(), vv, create_graph=keep,
                                             retain_graph=True, allow_unused=True)[0]  # W next
                 mixed = torch.zeros_like(vv) if mixed is None else mixed
-                W = _rows(Lv, vv, keep)
+                W = batch_jacobian(Lv, vv, keep)
                 rhs = Lq if keep else Lq.detach()
             return torch.linalg.solve(W, (rhs - mixed).unsqueeze(-1)).squeeze(-1)
 
@@ -381,7 +362,7 @@ class MechanicalLagrangian(Lagrangian):
             raise TypeError("potential must be callable as potential(q)")
         super().__init__(None, time_dependent=False)
         self.potential, self.potential_grad = potential, potential_grad
-        self._mass = _Mass(mass)
+        self._mass = ConstantMatrix(mass)
 
     def lagrangian(self, q, v, t=0.0):
         return 0.5 * (v * self._mass.apply(v)).sum(-1) - self.potential(q)

@@ -19,11 +19,28 @@ def _split(x: Tensor) -> tuple[Tensor, Tensor]:
 
 
 class _Lift(DiscretizationMap):
+    """A lift: R_d on the base coordinates q and a linear map of DR_d on the fibre coordinates
+    (v or p), points cat([q, fibre], -1).  A subclass gives the fibre parts, ``_fibres`` (forward)
+    and ``_fibres_inverse``; the split and the base map are done here once."""
+
     def __init__(self, base: DiscretizationMap):
         super().__init__()
         if not isinstance(base, DiscretizationMap):
             raise TypeError(f"a lift takes a DiscretizationMap, got {type(base).__name__}")
         self.base = base
+        self.linear = base.linear
+
+    def _forward(self, x, xdot):
+        (q, a), (qd, b) = _split(x), _split(xdot)
+        y0, y1 = self.base.forward_unchecked(q, qd)
+        f0, f1 = self._fibres(q, qd, a, b)
+        return torch.cat([y0, f0], -1), torch.cat([y1, f1], -1)
+
+    def _inverse(self, x0, x1):
+        (q0, a0), (q1, a1) = _split(x0), _split(x1)
+        q, qd = self.base.inverse_unchecked(q0, q1)
+        a, b = self._fibres_inverse(q, qd, a0, a1)
+        return torch.cat([q, a], -1), torch.cat([qd, b], -1)
 
     bundle = True   # points cat([q, v|p], -1)
 
@@ -57,21 +74,11 @@ class TangentLift(_Lift):
     For the α-family it is the α-family on TQ (Example 3.1).
     """
 
-    def __init__(self, base: DiscretizationMap):
-        super().__init__(base)
-        self.linear = base.linear
+    def _fibres(self, q, qd, v, vd):
+        return self.base.jvp(q, qd, v, vd)               # DR_d(q, q̇)·(v, v̇)
 
-    def _forward(self, x, xdot):
-        (q, v), (qd, vd) = _split(x), _split(xdot)
-        y0, y1 = self.base.forward_unchecked(q, qd)
-        dy0, dy1 = self.base.jvp(q, qd, v, vd)
-        return torch.cat([y0, dy0], -1), torch.cat([y1, dy1], -1)
-
-    def _inverse(self, x0, x1):
-        (q0, v0), (q1, v1) = _split(x0), _split(x1)
-        q, qd = self.base.inverse_unchecked(q0, q1)
-        v, vd = self.base.solve_jvp(q, qd, v0, v1)
-        return torch.cat([q, v], -1), torch.cat([qd, vd], -1)
+    def _fibres_inverse(self, q, qd, v0, v1):
+        return self.base.solve_jvp(q, qd, v0, v1)        # (v, v̇)
 
 
 class CotangentLift(_Lift):
@@ -86,18 +93,10 @@ class CotangentLift(_Lift):
     ((q − αq̇, p − (1−α)ṗ), (q + (1−α)q̇, p + αṗ)).
     """
 
-    def __init__(self, base: DiscretizationMap):
-        super().__init__(base)
-        self.linear = base.linear
-
-    def _forward(self, x, xdot):
-        (q, p), (qd, pd) = _split(x), _split(xdot)
-        y0, y1 = self.base.forward_unchecked(q, qd)
+    def _fibres(self, q, qd, p, pd):
         pi0, pi1 = self.base.solve_vjp(q, qd, pd, p)
-        return torch.cat([y0, -pi0], -1), torch.cat([y1, pi1], -1)
+        return -pi0, pi1
 
-    def _inverse(self, x0, x1):
-        (q0, p0), (q1, p1) = _split(x0), _split(x1)
-        q, qd = self.base.inverse_unchecked(q0, q1)
+    def _fibres_inverse(self, q, qd, p0, p1):
         pq, pv = self.base.vjp(q, qd, -p0, p1)
-        return torch.cat([q, pv], -1), torch.cat([qd, pq], -1)
+        return pv, pq                                    # base (q, p_v), tangent (q̇, p_q)

@@ -82,7 +82,7 @@ TABLES: dict[str, CoefficientTable] = {t.name: t for t in [
 ]}
 
 
-def _merge(ops):
+def merge_flows(ops):
     """Fuse a list of ('K', a) / ('D', b) into alternating kicks/drifts, K first and last."""
     kicks, drifts = [0.0], []
     for kind, c in ops:
@@ -144,7 +144,7 @@ class Composition(Integrator):
             for a, b in zip(kicks, drifts):
                 ops += [("K", a * c), ("D", b * c)]
             ops.append(("K", kicks[-1] * c))
-        return _merge(ops)
+        return merge_flows(ops)
 
     def splitting(self):
         return self._split

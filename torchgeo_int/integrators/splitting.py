@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from .base import Integrator, explicit_splitting, run_splitting, splitting_step
-from .composition import Composition, _merge
+from .composition import Composition, merge_flows
 
 #: Degree of the matrix series: orders ≤ MAX_DEGREE − 1 are certified (see module docstring).
 MAX_DEGREE = 11
@@ -314,12 +314,12 @@ class Splitting(Integrator):
     @classmethod
     def from_ops(cls, ops, **kw):
         """A splitting from a sequence of ('K', a) / ('D', b), first applied first; adjacent
-        flows of the same kind are merged (``composition._merge``)."""
+        flows of the same kind are merged (``composition.merge_flows``)."""
         ops = list(ops)
         for kind, _ in ops:
             if kind not in ("K", "D"):
                 raise ValueError(f"operation kinds are 'K' (kick) and 'D' (drift), got {kind!r}")
-        kicks, drifts = _merge([(k, float(c)) for k, c in ops if c != 0.0])   # zero flows: none
+        kicks, drifts = merge_flows([(k, float(c)) for k, c in ops if c != 0.0])   # zero flows: none
         return cls(kicks, drifts, **kw)
 
     @classmethod
@@ -406,8 +406,8 @@ class ProcessedSplitting(Integrator):
                              f"order conditions of degree {k} (defect {d:.1e}): check kernel and "
                              "processor")
         self.order = self.generic_order if order is None else int(order)
-        pk, pd = _merge(self.processor)
-        ik, idr = _merge(inverse_ops(self.processor))
+        pk, pd = merge_flows(self.processor)
+        ik, idr = merge_flows(inverse_ops(self.processor))
         self._post, self._pre = (pk, pd), (ik, idr)
 
     @property

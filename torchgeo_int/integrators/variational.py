@@ -34,8 +34,10 @@ Tensor = torch.Tensor
 __all__ = ["VariationalIntegrator", "DiscreteEulerLagrange", "VARIATIONAL_METHODS"]
 
 
-class _VICache:
-    """Warm start of the next solve: the last discrete velocity (q_{k+1} − q_k)/h, no graph."""
+class VelocityCache:
+    """The cache a variational step hands to the next (this module's and the constrained and
+    forced ones): the last discrete velocity (q_{k+1} − q_k)/h, no graph, the next solve's warm
+    start."""
 
     __slots__ = ("velocity",)
 
@@ -81,6 +83,10 @@ class VariationalIntegrator(ImplicitIntegrator):
     """
 
     symplectic = True
+    #: a subclass that changes only the discrete equations (``_equations``/``step``: forced,
+    #: constrained) names itself here; it prefixes the default name and the key, and the
+    #: adjoint is of the same class
+    variant: str | None = None
 
     def __init__(self, R, fractions=None, *, tol: float | None = None, max_iter: int | None = None,
                  backward: str = "implicit", name: str | None = None):
@@ -95,7 +101,8 @@ class VariationalIntegrator(ImplicitIntegrator):
         self.order = 2 if self.symmetric else 1
         self.options = SolveOptions("newton", tol, max_iter, backward)
         label = ", ".join(f"{m}" for m in self.maps)
-        self.name = name or f"variational({label}; {self.fractions})"
+        default = f"variational({label}; {self.fractions})"
+        self.name = name or (f"{self.variant}_{default}" if self.variant else default)
 
     def _is_symmetric(self) -> bool:
         pairs = list(zip(self.maps, self.fractions))
@@ -103,12 +110,13 @@ class VariationalIntegrator(ImplicitIntegrator):
                    for (R, c), (R2, c2) in zip(pairs, reversed(pairs)))
 
     def adjoint(self) -> "VariationalIntegrator":
-        return VariationalIntegrator([R.adjoint() for R in reversed(self.maps)],
-                                     list(reversed(self.fractions)), tol=self.tol,
-                                     max_iter=self.max_iter, backward=self.backward)
+        return type(self)([R.adjoint() for R in reversed(self.maps)],
+                          list(reversed(self.fractions)), tol=self.tol,
+                          max_iter=self.max_iter, backward=self.backward)
 
     def key(self) -> tuple:
-        return ("variational", tuple(R.key() for R in self.maps), tuple(self.fractions))
+        key = ("variational", tuple(R.key() for R in self.maps), tuple(self.fractions))
+        return key if self.variant is None else (self.variant, *key)
 
     def _equations(self, system):
         """(L, E): L the Lagrangian of the warm start and the regularity checks, E the one whose
@@ -120,7 +128,7 @@ class VariationalIntegrator(ImplicitIntegrator):
 
     def step(self, system, q, p, t, h, cache=None):
         L, E = self._equations(system)
-        if isinstance(cache, _VICache):
+        if isinstance(cache, VelocityCache):
             v0 = cache.velocity
         else:
             v0 = _velocity_guess(L, q, p, t)
@@ -133,7 +141,7 @@ class VariationalIntegrator(ImplicitIntegrator):
         except ConvergenceError:
             L.check_regular(q, v0, t)  # a degenerate L is the likelier cause: say so
             raise
-        return q1, p1, _VICache((q1 - q) / h)
+        return q1, p1, VelocityCache((q1 - q) / h)
 
     def discrete_lagrangian(self, L: Lagrangian) -> ComposedDiscreteLagrangian:
         """Σᵢ L_d^{(i)}(q_{i−1}, q_i; cᵢh) of L over this method's maps and fractions, in the
@@ -178,11 +186,11 @@ class DiscreteEulerLagrange(ImplicitIntegrator):
 
     def step(self, system, q_prev, q, t, h, cache=None):
         pk = self.momentum(system, q_prev, q, t, h)
-        if not isinstance(cache, _VICache):
+        if not isinstance(cache, VelocityCache):
             L, v = _lagrangian(system), (q - q_prev) / h
             if not isinstance(L, MechanicalLagrangian):
                 L.check_regular(q, v, t + h)
-            cache = _VICache(v)
+            cache = VelocityCache(v)
         q1, _, cache = self.vi.step(system, q, pk, t + h, h, cache)
         return q, q1, cache
 
