@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .._validate import check_nonzero
+from .._validate import check_finite, check_nonzero
 from ..lifts import CotangentLift
 from ..maps import DiscretizationMap, MidpointMap
 from ..rollout import as_system, rollout
@@ -56,8 +56,7 @@ def check_data(*tensors: Tensor, names: tuple[str, ...], ndim: int | None = None
             if x.dtype != a.dtype or x.device != a.device:
                 raise ValueError(f"{an} and {name} must share dtype and device, got "
                                  f"{a.dtype}/{a.device} and {x.dtype}/{x.device}")
-        if not bool(torch.isfinite(x).all()):
-            raise ValueError(f"{name} contains NaN or inf")
+        check_finite(x, name)
 
 
 LAYOUTS = ("windows", "time_first")

@@ -32,6 +32,7 @@ import math
 import torch
 from torch import nn
 
+from .._validate import check_finite
 from ..rollout import as_system, rollout
 from .losses import check_data
 
@@ -122,8 +123,7 @@ class TrajectoryFit(nn.Module):
         if x.dtype != like.dtype or x.device != like.device:
             raise ValueError(f"{name} must have the data's dtype and device ({like.dtype}/{like.device}), "
                              f"got {x.dtype}/{x.device}")
-        if not bool(torch.isfinite(x).all()):
-            raise ValueError(f"{name} contains NaN or inf")
+        check_finite(x, name)
         return x
 
     @property
