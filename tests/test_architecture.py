@@ -331,3 +331,51 @@ def test_no_private_name_is_imported_across_modules():
                 bad.append(f"{path.relative_to(root)}:{node.lineno} imports {name} from "
                            f"{'.' * node.level}{node.module or ''}")
     assert not bad, "private names imported across modules:\n" + "\n".join(bad)
+
+
+# -- identity caches: weakly keyed, never stale ------------------------------------------------------
+def test_identity_caches_never_return_a_dead_objects_entry():
+    """odeint's configured methods and systems and the compiled kernels are cached per object;
+    CPython reuses a freed object's id at once, so a loop that creates and drops functions and
+    integrators would find the dead one's entry under a bare id() key.  Each new object must get
+    its own entry, and a collected object's entry must go."""
+    import gc
+    import types
+
+    from torchgeo_int._cache import IdentityCache
+    from torchgeo_int._compile import _kernels
+    from torchgeo_int._odeint.methods import configured
+    from torchgeo_int._odeint.state import system_for
+
+    cache = IdentityCache(4)
+    for i in range(50):
+        def f(x, i=i):
+            return x + i
+        assert cache.get((f,), "k") is None        # a new function: never an old entry
+        cache.put((f,), "k", i)
+        assert cache.get((f,), "k") == i
+        del f
+        gc.collect()
+        assert len(cache) == 0                     # its entry went with it
+
+    caller = types.SimpleNamespace(dtype=F64, device=torch.device("cpu"), grad="backprop")
+    y0 = torch.zeros(3, dtype=F64)
+    for i in range(30):
+        func = (lambda i: lambda t, y: y * i)(i)
+        got = system_for(True, "first_order", func, {}, None, y0, caller, lambda i=i: ("built", i))
+        assert got == ("built", i)
+        assert system_for(True, "first_order", func, {}, None, y0, caller, lambda: "rebuilt") == got
+        del func
+
+    for i in range(30):   # the same name, another map each time
+        m = tgi.CotangentLiftIntegrator(tgi.AlphaMap(0.1 + 0.02 * i), name="same_name")
+        c = configured(m, 1e-9, None, None)
+        assert c.key() == m.key() and c.tol == 1e-9
+        del m, c
+
+    H = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: 0.5 * (q * q).sum(-1))
+    for i in range(30):
+        m = tgi.Composition(tgi.METHODS["verlet"], [0.5, 0.5], name=f"half{i}")
+        k = _kernels(m, H)
+        assert k.integrator is m and k.system is H
+        del m, k

@@ -53,7 +53,6 @@ steps) share one kernel cache and one fallback policy.
 """
 from __future__ import annotations
 
-import collections
 import itertools
 import re
 import threading
@@ -62,6 +61,7 @@ import warnings
 
 import torch
 
+from ._cache import IdentityCache
 from ._loop import run_loop
 from .integrators.base import explicit_splitting
 from .solvers import ConvergenceError
@@ -299,17 +299,15 @@ class _CompiledFields:
         return _budgeted(self._kernels.ready, self._velocity, p, *((self._kernels.time(t, p),) if self._td else ()))
 
 
-_KERNELS: "collections.OrderedDict" = collections.OrderedDict()
+# per (integrator, system) object pair, weakly keyed (``_cache``); each entry keeps its system
+# alive: bounded
+_KERNELS = IdentityCache(KEEP)
 
 
 def _kernels(integrator, system) -> _Kernels:
-    key = (id(integrator), id(system))
-    k = _KERNELS.get(key)
-    if k is None or k.integrator is not integrator or k.system is not system:
-        k = _KERNELS[key] = _Kernels(integrator, system)
-        while len(_KERNELS) > KEEP:     # each entry keeps its system alive: bounded
-            _KERNELS.popitem(last=False)
-    _KERNELS.move_to_end(key)
+    k = _KERNELS.get((integrator, system))
+    if k is None:
+        k = _KERNELS.put((integrator, system), (), _Kernels(integrator, system))
     return k
 
 

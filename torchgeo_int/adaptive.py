@@ -53,6 +53,10 @@ themselves depend on the state and are differentiated); the time transformations
 mode of ``rollout`` (``"backprop"``, ``"checkpoint"``, and ``"reversible"`` with a symmetric
 method).  Under ``odeint(..., options=dict(adaptive="reversible", control=σ))`` the
 integration runs to t[-1] with fictive step ``step_size`` and the outputs are dense output.
+
+Size: one module because the three remedies share the step-size density σ, the rescaled system
+they run the unchanged integrators on, and the dense output of their non-uniform nodes; split
+apart, each would import the others' private pieces.
 """
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torchdiffeq._impl.odeint import SOLVERS as TORCHDIFFEQ_SOLVERS
 
+from .._cache import IdentityCache
 from ..integrators import METHODS, SPLITTING_METHODS, Integrator
 from ..integrators.first_order import FIRST_ORDER_METHODS, theta
 from ..integrators.registry import STATES, family_of
@@ -71,22 +72,22 @@ def resolve_method(method, y0, options):
     return "partitioned", METHODS[method]
 
 
-_CONFIGURED: dict = {}
+_CONFIGURED = IdentityCache(256)   # a long-lived process sweeping tolerances stays bounded
 
 
 def configured(integrator, tol, solver, max_iter):
-    """A copy of a named integrator with the solve options of this call (cached)."""
-    key = (integrator.name, id(integrator), tol, solver, max_iter)
-    if key not in _CONFIGURED:
-        if len(_CONFIGURED) > 256:  # a long-lived process sweeping tolerances
-            _CONFIGURED.clear()
+    """A copy of a named integrator with the solve options of this call (cached per integrator
+    object, by weak reference: see ``_cache``)."""
+    extra = (integrator.name, tol, solver, max_iter)
+    out = _CONFIGURED.get((integrator,), extra)
+    if out is None:
         changes = dict(tol=tol)
         if solver:
             changes["solver"] = solver
         if max_iter is not None:
             changes["max_iter"] = max_iter
-        _CONFIGURED[key] = integrator.with_options(**changes)
-    return _CONFIGURED[key]
+        out = _CONFIGURED.put((integrator,), extra, integrator.with_options(**changes))
+    return out
 
 
 def reversible_refusal(integrator, why):

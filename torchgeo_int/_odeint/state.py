@@ -3,11 +3,11 @@ once, the flat and partitioned layouts, the two System subclasses, and the cache
 built for compiled calls."""
 from __future__ import annotations
 
-import collections
 import math
 
 import torch
 
+from .._cache import IdentityCache
 from ..systems import Hamiltonian, VectorFieldSystem, check_energy, grad_of
 from .contract import perturbed
 from .methods import FIRST_ORDER_METHOD_NAMES
@@ -246,25 +246,23 @@ def register_module(system, name, fn):
         system.add_module(name, owner)
 
 
-_SYSTEMS: "collections.OrderedDict" = collections.OrderedDict()
+# each entry keeps its func (and compiled graphs) alive: bounded
+_SYSTEMS = IdentityCache(8)
 
 
 def system_for(compile, kind, func, options, state, y0, caller, build):
     """The system odeint steps: ``build()``; with ``compile`` the one an earlier call with the
     same func, options and layout of y0 built (its compiled graphs are kept per system, so a
-    loop of odeint calls compiles once).  Its closures use the layout only, never y0's values."""
+    loop of odeint calls compiles once).  Its closures use the layout only, never y0's values.
+    func and options['hamiltonian'] are matched by identity (weakly held, see ``_cache``)."""
     if not compile:
         return build()
     parts = y0 if isinstance(y0, tuple) else (y0,)
     H = options.get("hamiltonian")
-    key = (kind, id(func), id(H), options.get("separable", False), options.get("split"),
-           options.get("batch_dims", 0), isinstance(y0, tuple), tuple(c.shape for c in parts),
-           caller.dtype, caller.device, caller.grad)
-    hit = _SYSTEMS.get(key)
-    if hit is not None and hit[0] is func and hit[1] is H:
-        _SYSTEMS.move_to_end(key)
-        return hit[2]
-    system = _SYSTEMS[key] = (func, H, build())
-    while len(_SYSTEMS) > 8:   # each entry keeps its func (and compiled graphs) alive
-        _SYSTEMS.popitem(last=False)
-    return system[2]
+    extra = (kind, options.get("separable", False), options.get("split"),
+             options.get("batch_dims", 0), isinstance(y0, tuple), tuple(c.shape for c in parts),
+             caller.dtype, caller.device, caller.grad)
+    hit = _SYSTEMS.get((func, H), extra)
+    if hit is not None:
+        return hit
+    return _SYSTEMS.put((func, H), extra, build())

@@ -37,6 +37,10 @@ effective order of ψ (Blanes, Casas & Ros 2000; Blanes, Casas & Murua 2006).
 implicit ones included, with any γ (palindromic or not), its order measured when not declared;
 **symplectic DIRK** (:func:`symplectic_dirk`): the seed's L^{b_1 h} ∘ … ∘ L^{b_s h} of the
 midpoint map, i.e. the diagonally implicit RK method a_ij = b_j (j < i), a_ii = b_i/2 (HLW VI.4).
+
+Size: one module because splittings, their order certificate (the Lie-series check above) and
+processing are one mechanism on (kicks, drifts) coefficient lists; the published tables themselves
+live apart, in ``splitting_tables.py``.
 """
 from __future__ import annotations
 

@@ -15,6 +15,10 @@ r"""Small training utilities (functions, not a framework).
 wrapped model (``DistributedDataParallel``: its ``.module`` is what is checkpointed); only the
 main process (rank 0, or the only one) writes checkpoints.  Data-parallel training itself is
 not implemented here.
+
+Size: one module because ``fit``'s resume is defined by what the checkpoint saves and restores
+(model, optimizer, RNG streams, the batch order of :class:`TensorBatches`): the four are one
+contract, read together.
 """
 from __future__ import annotations
 
