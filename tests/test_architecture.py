@@ -151,6 +151,16 @@ def _state(family):
         return SecondOrderSystem.from_potential(lambda q: (1 - torch.cos(q)).sum(-1)), q, p
     if family == "variational":
         return Lagrangian.mechanical(lambda q: (1 - torch.cos(q)).sum(-1), torch.eye(2, dtype=F64)), q, p
+    if family == "forced":   # a damped pendulum over a Lagrangian
+        L = Lagrangian.mechanical(lambda q: (1 - torch.cos(q)).sum(-1), torch.eye(2, dtype=F64))
+        return tgi.ForcedSystem(L, damping=0.1), q, p
+    if family == "constrained":   # a point on the unit circle in a constant field
+        from torchgeo_int.constraints import ConstrainedSystem
+        th = torch.randn(2, generator=gen, dtype=F64)
+        q = torch.stack([torch.sin(th), -torch.cos(th)], -1)
+        p = 0.5 * torch.stack([torch.cos(th), torch.sin(th)], -1)
+        L = Lagrangian.mechanical(lambda q: q[..., 1], torch.eye(2, dtype=F64))
+        return ConstrainedSystem(L, lambda q: 0.5 * ((q * q).sum(-1, keepdim=True) - 1.0)), q, p
     if family == "lie":
         system = FreeRigidBody(torch.tensor([1.0, 2.0, 3.5], dtype=F64))
         return system, system.group.random(2, generator=gen, dtype=F64), torch.randn(2, 3, generator=gen, dtype=F64)
@@ -158,9 +168,10 @@ def _state(family):
 
 
 @pytest.mark.parametrize("family", ["hamiltonian", "first_order", "sode", "variational", "lie",
-                                    "splitting"])
+                                    "splitting", "forced", "constrained"])
 def test_every_registered_name_reaches_rollout_and_odeint(family):
-    assert set(FAMILIES) == {"hamiltonian", "first_order", "sode", "variational", "lie", "splitting"}
+    assert set(FAMILIES) == {"hamiltonian", "first_order", "sode", "variational", "lie", "splitting",
+                             "forced", "constrained"}
     system, q0, p0 = _state(family)
     for name, m in FAMILIES[family].items():
         assert get_method(name, first_order=family == "first_order") is m

@@ -43,6 +43,7 @@ import torch
 from ._autograd import batch_jacobian, reaches_other_leaves
 from ._validate import check_finite, check_pair, find_singular
 from .integrators.base import ImplicitIntegrator, Integrator
+from .integrators.registry import register
 from .integrators.variational import VariationalIntegrator, VelocityCache
 from .lagrangian import MechanicalLagrangian
 from .maps import AlphaMap, MidpointMap
@@ -246,3 +247,4 @@ def _build():
 
 #: Named constrained methods: ``rattle``, ``constrained_midpoint``, ``constrained_variational_verlet``.
 CONSTRAINED_METHODS = _build()
+register("constrained", CONSTRAINED_METHODS, "a ConstrainedSystem, state (q, p) on T*N")

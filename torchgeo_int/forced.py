@@ -53,6 +53,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .integrators.registry import register
 from .integrators.variational import VariationalIntegrator
 from .lagrangian import Lagrangian, SecondOrderSystem, ConstantMatrix
 from .maps import AlphaMap
@@ -324,3 +325,4 @@ def _build_methods():
 
 #: Named forced variational methods (state (q, p) of a ForcedSystem over a Lagrangian).
 FORCED_VARIATIONAL_METHODS = _build_methods()
+register("forced", FORCED_VARIATIONAL_METHODS, "a ForcedSystem over a Lagrangian, state (q, p)")

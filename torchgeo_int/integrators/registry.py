@@ -5,7 +5,17 @@ Families (name → table, registered by the module that builds it): ``hamiltonia
 state (q, p) of a Hamiltonian), ``first_order`` (FIRST_ORDER_METHODS, x' = X(x, t), p = None),
 ``sode`` (SODE_METHODS, state (q, v) of a second-order system), ``variational``
 (VARIATIONAL_METHODS, state (q, p) of a Lagrangian), ``lie`` (LIE_METHODS, state (g, μ) of a
-Lie-group system).  A new family is one ``register`` call in the module that builds it.
+Lie-group system), ``splitting`` (SPLITTING_METHODS, a separable Hamiltonian), ``forced``
+(FORCED_VARIATIONAL_METHODS, state (q, p) of a ForcedSystem over a Lagrangian; ``torchgeo_int.forced``)
+and ``constrained`` (CONSTRAINED_METHODS: ``rattle``, ``constrained_midpoint``,
+``constrained_variational_verlet``, state (q, p) on T*N of a ConstrainedSystem;
+``torchgeo_int.constraints``).  A new family is one ``register`` call in the module that builds it.
+
+Not here: methods that need constructor arguments for a name to mean anything — the RATTLE of
+T*Sⁿ (``manifolds.integrators.Rattle``, which takes its sphere from the system but has no table),
+``VariationalIntegrator(R, fractions)`` / ``ForcedVariationalIntegrator`` /
+``ConstrainedVariationalIntegrator`` over a user's map, ``LieGroupIntegrator(tau, alpha)`` at a
+general α: their named instances are in the families above, the rest is built from the class.
 """
 from __future__ import annotations
 
