@@ -464,6 +464,9 @@ class LieCotangentLift(nn.Module):
         if not isinstance(R, LieGroupMap):
             raise TypeError(f"LieCotangentLift takes a LieGroupMap, got {type(R).__name__}")
         self.R = R
+        # plain attributes (R is a submodule, found through nn.Module.__getattr__): the
+        # integrator calls the equations below inside its solver iteration
+        self.tau, self.alpha = R.tau, R.alpha
 
     @property
     def symmetric(self):
@@ -501,16 +504,16 @@ class LieCotangentLift(nn.Module):
     # integrator solves them with (V, M) = h X_H(ḡ, μ̄) from the near end (g₀, μ₀).
     def momentum_in(self, V, mu0):
         """u = Ad*_{τ(−αV)⁻¹} μ₀."""
-        return self.R.tau.coad_inv(-self.R.alpha * V, mu0)
+        return self.tau.coad_inv(-self.alpha * V, mu0)
 
     def momentum_out(self, V, w):
         """μ₁ = Ad*_{τ((1−α)V)} w (w = u + M − ad*_V μ̄)."""
-        return self.R.tau.coad_inv(-(1.0 - self.R.alpha) * V, w)
+        return self.tau.coad_inv(-(1.0 - self.alpha) * V, w)
 
     def mu_bar(self, V, u, w):
         """μ̄ = (1−α)(dτᴿ_{(1−α)V})* w + α(dτᴿ_{−αV})* u (the second lift equation); one
         differential when α ∈ {0, 1}."""
-        tau, a = self.R.tau, self.R.alpha
+        tau, a = self.tau, self.alpha
         if a == 0.0:
             return tau.dright_T(V, w)
         if a == 1.0:
