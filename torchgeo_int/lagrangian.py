@@ -14,7 +14,8 @@ Gradients follow ``systems.py``: autograd, keeping a graph when grad mode is on 
 depend on requires grad (``systems.grad_of``).
 
 Size: continuous Lagrangians, their Legendre maps and the discrete Lagrangians built on them
-are one concept at two levels; the variational integrators import both.
+are one concept at two levels; the variational integrators import both, and the map a composed
+discrete Lagrangian generates (``ComposedDiscreteLagrangian.generate``) is their one step.
 """
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ from ..forced import ForcedSystem
 from ..maps import DiscretizationMap
 from ..rollout import rollout
 from .losses import check_data, map_pairs
-from .._validate import check_int
+from .._validate import check_int, check_nonzero
 from .modules import HNN, MLP, MechanicalHNN, SeparableHNN, TrilFill
 
 Tensor = torch.Tensor
