@@ -485,14 +485,14 @@ class ComposedDiscreteLagrangian:
     the maps need a closed-form inverse (the interior solve differentiates D L_d^{(i)} again).
     From (q₀, p₀) (:meth:`generate`, the map (q₀, p₀) ↦ (q_s, p_s) that L_d generates, which is
     the step of :class:`~torchgeo_int.VariationalIntegrator`): every stage is written at its base
-    point, so any map will do; ``ends=False`` builds it for that use only (no inverse needed,
-    the end-point methods then raise).
+    point, so any map will do; ``ends=False`` builds it for that use without asking for closed-form
+    inverses (the end-point methods then raise if a map lacks one).
     """
 
     def __init__(self, L: Lagrangian, maps: Sequence[DiscretizationMap], fractions=None, *,
                  ends: bool = True):
         maps, fractions = check_fractions(maps, fractions)
-        self.ends = ends and all(R.has_closed_inverse for R in maps)
+        self.ends = all(R.has_closed_inverse for R in maps)   # the end-point form is available
         if ends and not self.ends:
             raise ValueError("ComposedDiscreteLagrangian needs maps with a closed-form inverse "
                              "(AlphaMap, RetractionMap(..., inverse=...))")
@@ -503,8 +503,8 @@ class ComposedDiscreteLagrangian:
 
     def _need_ends(self):
         if not self.ends:
-            raise ValueError("this ComposedDiscreteLagrangian was built with ends=False (for "
-                             "generate); the end-point form needs maps with a closed-form inverse")
+            raise ValueError("the end-point form of a ComposedDiscreteLagrangian needs maps with a "
+                             "closed-form inverse (this one was built with ends=False, for generate)")
 
     def interior(self, q0, qs, h, t=0.0, guess=None) -> list[Tensor]:
         """The stationary interior points [q₁, …, q_{s−1}] for the end points (q₀, q_s)."""
