@@ -81,31 +81,33 @@ def kepler():
                    lambda q, p: 0.5 * (p * p).sum(-1) - 1.0 / q.norm(dim=-1))
 
 
-MASSES = torch.tensor([3.0, 4.0, 5.0], dtype=torch.float64)
-_I, _J = torch.triu_indices(3, 3, 1)
+MASSES = torch.tensor([3.0, 4.0, 5.0], dtype=torch.float64)   # Burrau's Pythagorean problem
 
 
-def _pairs(q):
-    x = q.reshape(*q.shape[:-1], 3, 2)
-    d = x[..., _I, :] - x[..., _J, :]
+def _pairs(q, n):
+    x = q.reshape(*q.shape[:-1], n, 2)
+    i, j = torch.triu_indices(n, n, 1)
+    d = x[..., i, :] - x[..., j, :]
     return x, d, d.norm(dim=-1)
 
 
-def three_body():
-    """Burrau's Pythagorean problem: masses 3, 4, 5 at rest at (1, 3), (−2, −1), (1, −1), G = 1
-    (q, p flattened to 6 numbers)."""
-    m = MASSES
-    mm = m[_I] * m[_J]
+def n_body(masses=MASSES):
+    """Planar gravitational N-body problem, G = 1, q and p flattened to 2N numbers
+    (p_i = m_i v_i)."""
+    m = torch.as_tensor(masses, dtype=torch.float64)
+    n = len(m)
+    i, j = torch.triu_indices(n, n, 1)
+    mm = m[i] * m[j]
     mrep = m.repeat_interleave(2)
 
     def potential(q):
-        return -(mm / _pairs(q)[2]).sum(-1)
+        return -(mm / _pairs(q, n)[2]).sum(-1)
 
     def potential_grad(q):
-        x, d, r = _pairs(q)
+        x, d, r = _pairs(q, n)
         w = (mm / r ** 3)[..., None] * d                     # ∂V/∂x_i of pair (i, j): +w, x_j: −w
         g = torch.zeros_like(x)
-        g = g.index_add(-2, _I, w).index_add(-2, _J, -w)
+        g = g.index_add(-2, i, w).index_add(-2, j, -w)
         return g.reshape(q.shape)
 
     def kinetic(p):
@@ -115,15 +117,57 @@ def three_body():
                    lambda q, p: kinetic(p) + potential(q))
 
 
+def three_body():
+    """Burrau's Pythagorean problem: masses 3, 4, 5 (:func:`three_body_initial`)."""
+    return n_body(MASSES)
+
+
 def three_body_initial():
+    """At rest at (1, 3), (−2, −1), (1, −1)."""
     q0 = torch.tensor([1.0, 3.0, -2.0, -1.0, 1.0, -1.0], dtype=torch.float64)
     return q0, torch.zeros(6, dtype=torch.float64)
 
 
-def three_body_sigma(q):
-    """Inverse free-fall frequency (Σ_pairs (m_i + m_j)/r_ij³)^{−1/2}: the step-size density."""
-    _, _, r = _pairs(q)
-    return ((MASSES[_I] + MASSES[_J]) / r ** 3).sum(-1) ** -0.5
+def free_fall_sigma(masses):
+    """Inverse free-fall frequency (Σ_pairs (m_i + m_j)/r_ij³)^{−1/2}: the step-size density
+    (σ = r^{3/2}/√M for one pair, the Kepler control)."""
+    m = torch.as_tensor(masses, dtype=torch.float64)
+    n = len(m)
+    i, j = torch.triu_indices(n, n, 1)
+    msum = m[i] + m[j]
+
+    def sigma(q):
+        return (msum / _pairs(q, n)[2] ** 3).sum(-1) ** -0.5
+    return sigma
+
+
+three_body_sigma = free_fall_sigma(MASSES)
+
+#: The hierarchical triple: an inner binary of masses 0.5 + 0.5 (a = 1, period 2π) at e = 0.9
+#: and a third body of mass 0.5 on a circular outer orbit of radius 8 about the binary's centre
+#: of mass (period ≈ 2π·8^{3/2}/√1.5 ≈ 116: 18 inner periods).  Coplanar, prograde.
+TRIPLE_MASSES = torch.tensor([0.5, 0.5, 0.5], dtype=torch.float64)
+
+
+def triple_initial(e_in=0.9, a_out=8.0, masses=TRIPLE_MASSES):
+    """The inner binary at apocentre (separation a(1 + e) along x, relative speed
+    √(M(1 − e)/(a(1 + e)))) and the third body on the circular orbit of the two-body problem
+    (binary mass, m₃) at radius a_out along y; everything in the centre-of-mass frame."""
+    m1, m2, m3 = (float(x) for x in masses)
+    M_in = m1 + m2
+    r = 1.0 + e_in
+    v = math.sqrt(M_in * (1.0 - e_in) / r)
+    x1, x2 = -m2 / M_in * r, m1 / M_in * r
+    v1, v2 = -m2 / M_in * v, m1 / M_in * v                   # along y
+    V = math.sqrt((M_in + m3) / a_out)                         # relative circular speed (outer)
+    Mt = M_in + m3
+    # binary c.o.m. at −m3/Mt·a_out ŷ moving +m3/Mt·V x̂ ... (prograde: counter-clockwise)
+    Yb, Y3 = -m3 / Mt * a_out, M_in / Mt * a_out
+    Vb, V3 = m3 / Mt * V, -M_in / Mt * V
+    pos = torch.tensor([[x1, Yb], [x2, Yb], [0.0, Y3]], dtype=torch.float64)
+    vel = torch.tensor([[Vb, v1], [Vb, v2], [V3, 0.0]], dtype=torch.float64)
+    m = torch.as_tensor(masses, dtype=torch.float64)[:, None]
+    return pos.reshape(-1), (m * vel).reshape(-1)
 
 
 # -- the runs -----------------------------------------------------------------------------------------
