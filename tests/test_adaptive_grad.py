@@ -91,6 +91,8 @@ def test_rollout_step_control_refusals():
         tgi.rollout(H, q0, p0, h=0.05, steps=5, step_control=ctl, segment=3)   # backprop takes none
     with pytest.raises(ValueError, match="exactly one"):
         tgi.rollout(H, q0, p0, h=0.05, steps=5, until=1.0, step_control=ctl)
+    with pytest.raises(ValueError, match="need step_control"):
+        tgi.rollout(H, q0, p0, h=0.05, steps=5, until=1.0)
     with pytest.raises(ValueError, match="grad must be one of"):
         tgi.rollout(H, q0, p0, h=0.05, steps=5, step_control=ctl, grad="adjoint")
 

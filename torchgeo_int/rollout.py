@@ -74,6 +74,9 @@ def rollout(system, q0: torch.Tensor, p0: torch.Tensor | None = None, *, h: floa
                                save_every=save_every, check_every=check_every, grad=grad,
                                compile=compile, progress=progress, step_control=step_control,
                                **grad_options)
+    stray = sorted(set(grad_options) & set(ADAPTIVE_KEYWORDS))
+    if stray:
+        raise ValueError(f"{stray} are options of variable steps: they need step_control=σ")
     first_order = p0 is None
     integrator = get_method(method, first_order=first_order)
     if first_order:
