@@ -32,7 +32,7 @@ def test_adaptive_experiment_tiny(tmp_path):
 
 def test_adaptive_experiment_triple_tiny(tmp_path):
     rows = adaptive.main(["--studies", "triple", "--triple-periods", "4", "--triple-per-period", "200",
-                          "--out", str(tmp_path), "--no-progress"])
+                          "--configs", *adaptive.CONFIGS, "--out", str(tmp_path), "--no-progress"])
     by = {r["config"]: r for r in rows}
     assert set(by) == set(adaptive.CONFIGS)
     assert by["logh_dkd"]["evaluations"] == by["verlet"]["evaluations"] - 1 == 800
