@@ -42,3 +42,9 @@ def test_adaptive_experiment_triple_tiny(tmp_path):
     assert goal["ratio_verlet"] >= 10 and goal["ratio_yoshida4"] >= 10
     assert goal["best_growth"] < 3 and abs(goal["best_trend"]) < 0.5     # bounded, no trend
     assert "triple: best geometric" in (tmp_path / "table.md").read_text()
+
+
+def test_adaptive_experiment_reversible_gradient_accuracy_tiny(tmp_path):
+    adaptive.reversible_gradient_accuracy(tmp_path, steps_list=(40,))
+    row = (tmp_path / "grad.md").read_text().splitlines()[-1].split("|")
+    assert float(row[3]) < 1e-12 and float(row[4]) < 1e-10   # reconstruction, gradient
