@@ -194,3 +194,26 @@ def test_variable_steps_gradcheck_lean_modes():
         assert torch.autograd.gradcheck(f, (q0.clone().requires_grad_(), p0.clone().requires_grad_()),
                                         eps=1e-6, atol=1e-6), mode
     assert math.isfinite(float(q0.sum()))
+
+
+def test_lean_modes_differentiate_a_learnable_control():
+    class Sigma(nn.Module):                # σ(q, p) = |q|^α with α learnable
+        def __init__(self):
+            super().__init__()
+            self.alpha = nn.Parameter(torch.tensor(1.4))
+
+        def forward(self, q, p):
+            return (q * q).sum(-1) ** (0.5 * self.alpha)
+
+    H = kepler(analytic=True)
+    q0, p0 = batch(0.7)
+    sigma = Sigma()
+    ctl = tgi.StepControl(sigma)
+
+    def grad(mode):
+        tr = tgi.rollout(H, q0, p0, h=0.1, steps=25, step_control=ctl, grad=mode)
+        return torch.autograd.grad(tr.t[-1].sum() + tr.q[-1].sum(), sigma.alpha)[0]
+    ref = grad("backprop")
+    assert ref.abs() > 0
+    assert torch.allclose(grad("checkpoint"), ref, rtol=1e-10)
+    assert torch.allclose(grad("reversible"), ref, rtol=1e-9)

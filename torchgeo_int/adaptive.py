@@ -401,10 +401,11 @@ def _steps(vs, node, n, limit, *, stop, eps, until, save_every, check_every, h_m
            progress=None):
     """Steps of ``vs`` from ``node`` = (q, p, ρ, t, G, cache, s_old) at global step ``n`` up to
     step ``limit``; the nodes at global steps that are multiples of ``save_every`` are appended
-    to ``frames`` as (q, p, ρ, t).  Every ``check_every`` steps (and at ``stop``, the run's last
-    step) the steps are checked (:func:`_check_steps`) and, with ``until``, the run ends once
-    every sample has passed it.  Returns (node, n, reached).  Steps are numbered globally so that
-    a run cut into segments (``grad="checkpoint"``) checks and stops where one run does."""
+    to ``frames`` as (q, p, ρ, t).  Every ``check_every`` steps and at ``limit`` the steps are
+    checked (:func:`_check_steps`); with ``until`` the run ends at the first global multiple of
+    ``check_every`` (or ``stop``, the run's last step) where every sample has passed it.  Returns
+    (node, n, reached).  Steps are numbered globally so that a run cut into segments
+    (``grad="checkpoint"``) stops where one run does."""
     q, p, rho, t, G, cache, s_old = node
     rho_min = rho_max = None
     reached, told = False, n
