@@ -48,11 +48,19 @@ O(h⁴) on an interval of length h for exact node data, so order 3 as an interpo
 not lower the global order ≤ 4 of the methods it is meant for).  The interpolated states are
 *not* on the symplectic trajectory (they are output of it); the step sequence is never changed.
 
-Gradients: :func:`adaptive_rollout` supports plain backpropagation (grad mode on: the step sizes
-themselves depend on the state and are differentiated); the time transformations support every
-mode of ``rollout`` (``"backprop"``, ``"checkpoint"``, and ``"reversible"`` with a symmetric
-method).  Under ``odeint(..., options=dict(adaptive="reversible", control=σ))`` the
-integration runs to t[-1] with fictive step ``step_size`` and the outputs are dense output.
+Entry points: ``rollout(system, q0, p0, h=ε, steps=N, step_control=σ)`` is
+:func:`adaptive_rollout` (one implementation: :class:`_VariableStep` is the step, :func:`_steps`
+the loop); ``odeint(..., options=dict(adaptive="reversible", control=σ))`` runs it to t[-1]
+with fictive step ``step_size`` and returns dense output at t.
+
+Gradients with reversible variable steps (the step sizes depend on the state and are
+differentiated with it): ``grad="backprop"``; ``"checkpoint"`` (segments recomputed in backward:
+the step sequence is a deterministic function of a segment's start (q, p, ρ, t)); and
+``"reversible"``: the map Ψ_ε on (q, p, ρ, t) is symmetric, so the backward pass reconstructs
+each node by Ψ_{−ε} from the final one and takes a vector–Jacobian product of Ψ_ε there (graph
+memory O(1) in the steps).  The three agree to round-off in the tests.  The odeint option takes
+backprop only.  The time transformations support every mode of ``rollout`` (``"backprop"``,
+``"checkpoint"``, and ``"reversible"`` with a symmetric method).
 
 Size: one module because the three remedies share the step-size density σ, the rescaled system
 they run the unchanged integrators on, and the dense output of their non-uniform nodes; split
@@ -62,6 +70,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -69,7 +78,8 @@ import torch
 
 from ._validate import check_finite, check_pair
 from .integrators import METHODS, TABLES, Composition, get_method
-from .solvers import ConvergenceError
+from .integrators.base import explicit_splitting
+from .solvers import ConvergenceError, default_tol
 from .systems import Hamiltonian, SeparableHamiltonian, System, grad_of
 
 Tensor = torch.Tensor
@@ -216,11 +226,14 @@ class _TimeScaled(System):
 
 
 def _rescale(cache, ratio):
-    """The FSAL force / warm start of the last step, for the next step's factor s."""
+    """The FSAL force / warm start of the last step, for the next step's factor s.  A cache
+    without a graph is a guess (an implicit step's warm start, detached by the step): it is
+    rescaled without one too (a guess needs no graph).  An FSAL force that is used as a value
+    keeps its graph and s's."""
     if cache is None:
         return None
     if isinstance(cache, torch.Tensor):
-        return cache * ratio
+        return cache * (ratio if cache.requires_grad else ratio.detach())
     return type(cache)(_rescale(c, ratio) for c in cache)
 
 
@@ -306,10 +319,21 @@ class AdaptiveTrajectory:
     Q: Tensor | None = None
     P: Tensor | None = None
     steps: int = 0
+    save_every: int = 1
+
+    def __iter__(self):
+        """``q, p = traj``: the frames, as ``rollout`` returns them."""
+        return iter((self.q, self.p))
 
     def at(self, times):
-        """Dense output (:func:`dense_output`): (q, p) at ``times`` for every sample; needs the
-        nodes of every step (``save_every=1``) for the declared order."""
+        """Dense output (:func:`dense_output`): (q, p) at ``times`` for every sample, shape
+        (n, *batch, *state); ``times`` (n,) common to all samples or (n, *batch).  Needs the
+        nodes of every step: a trajectory saved with ``save_every > 1`` is refused (its cubic
+        Hermite interpolant over several steps would not have the declared order)."""
+        if self.save_every != 1:
+            raise ValueError(f"dense output needs the node of every step; this trajectory kept "
+                             f"every {self.save_every}th (save_every={self.save_every}): rerun "
+                             "with save_every=1")
         return dense_output(self.system, self.t, self.q, self.p, times)
 
     def h(self):
@@ -332,27 +356,249 @@ def _as_system(system):
     return as_system(system)
 
 
+class _VariableStep:
+    r"""One step Ψ_ε of the reversible variable-step map on (q, p, ρ, t) (module docstring):
+
+        ρ_{n+1/2} = ρ_n ⊕ (ε/2) G(y_n),  y_{n+1} = Φ_{ε/ρ_{n+1/2}}(y_n),  t_{n+1} = t_n + ε/ρ_{n+1/2},
+        ρ_{n+1} = ρ_{n+1/2} ⊕ (ε/2) G(y_{n+1})
+
+    (⊕: ``+`` for ``form="additive"``, ``· exp`` of G σ for ``form="log"``).  The one
+    implementation that the forward loop, the checkpointed segments' recomputation, and the
+    reversible mode's reconstruction (Ψ_{−ε} = Ψ_ε⁻¹) and vector–Jacobian products all call.
+    G at the start node is passed in and G at the end node returned (one evaluation per step)."""
+
+    def __init__(self, system, integrator, control, state_dims, form):
+        self.system, self.control, self.state_dims, self.form = system, control, state_dims, form
+        self.integrator = integrator
+        self.scaled = _TimeScaled(system, state_dims)
+        self.step = integrator.bind(self.scaled)
+        # An explicit splitting evaluates the field at once (its bound halves read the shared
+        # scaled system).  An implicit step's solver calls the field again in the backward pass
+        # (the adjoint solve of its implicit gradient), long after later steps have set other
+        # factors s: each of its steps gets its own shallow copy, else the adjoint uses the last
+        # step's s (measured: backprop off by 3e-3 relative over 15 implicit midpoint steps).
+        self.explicit = explicit_splitting(integrator, self.scaled) is not None
+
+    def rate(self, q, p, t):
+        return self.control.rate(self.system, q, p, t, self.state_dims, self.form)
+
+    def half(self, rho, G, eps):
+        return rho + 0.5 * eps * G if self.form == "additive" else rho * torch.exp(0.5 * eps * G)
+
+    def __call__(self, q, p, rho, t, G, tau, eps, cache=None, s_old=None):
+        rho_half = self.half(rho, G, eps)
+        s = 1.0 / rho_half
+        if s_old is not None:   # the FSAL force / warm start was computed for the last step's s
+            cache = _rescale(cache, (s / s_old).reshape(*s.shape, *([1] * self.state_dims)))
+        scaled = self.scaled
+        if not self.explicit:
+            scaled = object.__new__(_TimeScaled)
+            scaled.__dict__.update(self.scaled.__dict__)
+        scaled.set(s, t, tau)
+        q, p, cache = self.step(scaled, q, p, tau, eps, cache)
+        t = t + eps * s
+        G = self.rate(q, p, t)
+        return q, p, self.half(rho_half, G, eps), t, G, cache, s, rho_half
+
+
+def _steps(vs, node, n, limit, *, stop, eps, until, save_every, check_every, h_min, frames,
+           progress=None):
+    """Steps of ``vs`` from ``node`` = (q, p, ρ, t, G, cache, s_old) at global step ``n`` up to
+    step ``limit``; the nodes at global steps that are multiples of ``save_every`` are appended
+    to ``frames`` as (q, p, ρ, t).  Every ``check_every`` steps and at ``limit`` the steps are
+    checked (:func:`_check_steps`); with ``until`` the run ends at the first global multiple of
+    ``check_every`` (or ``stop``, the run's last step) where every sample has passed it.  Returns
+    (node, n, reached).  Steps are numbered globally so that a run cut into segments
+    (``grad="checkpoint"``) stops where one run does."""
+    q, p, rho, t, G, cache, s_old = node
+    rho_min = rho_max = None
+    reached, told = False, n
+    while n < limit:
+        try:
+            q, p, rho, t, G, cache, s_old, rho_half = vs(q, p, rho, t, G, n * eps, eps, cache, s_old)
+        except ConvergenceError as err:
+            raise err.with_step(n) from None
+        rh = rho_half.detach()
+        rho_min = rh if rho_min is None else torch.minimum(rho_min, rh)
+        rho_max = rh if rho_max is None else torch.maximum(rho_max, rh)
+        n += 1
+        if n % save_every == 0:
+            frames.append((q, p, rho, t))
+        if n % check_every == 0 or n == limit:
+            _check_steps(rho_min, rho_max, eps, h_min, q, p, n, check_every)
+            if progress is not None:
+                progress.update(n - told)
+                told = n
+            if until is not None and (n % check_every == 0 or n == stop) and \
+                    bool(((t - until) * eps >= 0).all()):
+                reached = True
+                break
+    return (q, p, rho, t, G, cache, s_old), n, reached
+
+
+def _stack(frames, x0s):
+    """The frames (a list of (q, p, ρ, t)) stacked, (0, ...)-shaped when there are none."""
+    if not frames:
+        return tuple(x.unsqueeze(0)[:0].clone() for x in x0s)
+    return tuple(torch.stack(f) for f in zip(*frames))
+
+
+def _not_reached(max_steps, until, t, eps):
+    return StepSizeCollapse(
+        f"{max_steps} steps did not reach t = {until} (the least advanced sample is at "
+        f"t = {(t.min() if eps > 0 else t.max()).item():g}): the step size collapsed; "
+        "increase eps or max_steps, or check the control")
+
+
+def _run_backprop(vs, x0, *, limit, until, max_steps, eps, **kw):
+    """All steps in one loop (plain autograd through every step, or no graph at all)."""
+    q0, p0, rho0, t0 = x0
+    frames = [x0]
+    node, n, reached = _steps(vs, (q0, p0, rho0, t0, vs.rate(q0, p0, t0), None, None), 0, limit,
+                              stop=limit, eps=eps, until=until, frames=frames, **kw)
+    if until is not None and not reached:
+        raise _not_reached(max_steps, until, node[3], eps)
+    if n % kw["save_every"]:
+        frames.append(node[:4])
+    return _stack(frames, x0), n
+
+
+def _run_checkpoint(vs, x0, params, segment, *, limit, until, max_steps, eps, **kw):
+    """Segments of ``segment`` steps run without a graph, each recomputed with its graph in
+    backward (:class:`~torchgeo_int.gradients._Segment`).  The step sequence is a deterministic
+    function of the segment's start (q, p, ρ, t): G is recomputed there and the FSAL cache
+    restarts, in the forward pass and in the recomputation alike; the number of steps of each
+    segment (decided by ``until`` in the forward pass) is replayed."""
+    from .gradients import _Segment
+    outs = [[x.unsqueeze(0)] for x in x0]
+    states, done, reached = x0, 0, False
+    while done < limit and not reached:
+        info = {}
+
+        def run(q, p, rho, t, done=done, end=min(done + segment, limit), info=info):
+            frames = []
+            replay = "n" in info
+            node, n, hit = _steps(vs, (q, p, rho, t, vs.rate(q, p, t), None, None), done,
+                                  info["n"] if replay else end, stop=limit, eps=eps,
+                                  until=None if replay else until, frames=frames,
+                                  **{**kw, "progress": None if replay else kw["progress"]})
+            info.setdefault("n", n)
+            info.setdefault("reached", hit)
+            return (*_stack(frames, (q, p, rho, t)), *node[:4])
+
+        out = _Segment.apply(run, 4, *states, *params)
+        for o, f in zip(outs, out[:4]):
+            o.append(f)
+        states, done, reached = out[4:], info["n"], info["reached"]
+    if until is not None and not reached:
+        raise _not_reached(max_steps, until, states[3], eps)
+    if done % kw["save_every"]:
+        for o, x in zip(outs, states):
+            o.append(x.unsqueeze(0))
+    return tuple(torch.cat(o) for o in outs), done
+
+
+class _ReversibleSteps(torch.autograd.Function):
+    """``grad="reversible"`` for variable steps: forward without a graph; backward from the
+    final node, reconstructing each node x_k = Ψ_{−ε}(x_{k+1}) (Ψ is symmetric, so this is the
+    inverse step to round-off) and taking the vector–Jacobian product of Ψ_ε at x_k.  Graph
+    memory O(1) in the number of steps."""
+
+    @staticmethod
+    def forward(ctx, spec, q0, p0, rho0, t0, *params):
+        vs, kw, info = spec
+        with torch.no_grad():
+            frames, n = _run_backprop(vs, (q0, p0, rho0, t0), **kw)
+        info["n"] = n
+        ctx.spec, ctx.n, ctx.params = spec, n, params
+        ctx.save_for_backward(q0, p0, rho0, t0, *(f[-1] for f in frames))
+        return frames
+
+    @staticmethod
+    def backward(ctx, *gframes):
+        vs, kw, info = ctx.spec
+        eps, save_every, tol = kw["eps"], kw["save_every"], info["tol"]
+        if isinstance(tol, tuple):
+            tol = max(tol[0], ctx.n * tol[1])
+        q0, p0, rho0, t0, *x = ctx.saved_tensors
+        params = ctx.params
+        g = [gf[-1].clone() for gf in gframes]              # the last frame is the final node
+        gparams = [torch.zeros_like(w) for w in params]
+        with torch.no_grad():
+            G = vs.rate(x[0], x[1], x[3])
+        back = s_old = None   # the −ε steps' own FSAL chain
+        for k in range(ctx.n - 1, -1, -1):
+            with torch.no_grad():
+                *x, G, back, s_old, _ = vs(*x, G, (k + 1) * eps, -eps, back, s_old)
+            with torch.enable_grad():
+                xi = [y.detach().requires_grad_() for y in x]
+                out = vs(*xi, vs.rate(xi[0], xi[1], xi[3]), k * eps, eps)[:4]
+                grads = torch.autograd.grad(out, (*xi, *params), g, allow_unused=True)
+            g = [gi if gi is not None else torch.zeros_like(y) for gi, y in zip(grads[:4], x)]
+            for i, gw in enumerate(grads[4:]):
+                if gw is not None:
+                    gparams[i] += gw
+            if k % save_every == 0:
+                g = [gi + gf[k // save_every] for gi, gf in zip(g, gframes)]
+        scale = float(torch.maximum(q0.abs().max(), p0.abs().max())) + 1.0
+        err = max(float((a - b).abs().max()) for a, b in zip(x[:2], (q0, p0))) / scale
+        if err > tol:
+            warnings.warn(f"grad='reversible': the backward reconstruction of the initial state is "
+                          f"off by {err:.2e} (relative) after {ctx.n} variable steps, above "
+                          f"{tol:.1e}; the gradient is no more accurate than that. Use "
+                          "grad='checkpoint' for exact gradients.", RuntimeWarning, stacklevel=2)
+        return (None, *g, *gparams)
+
+
 def adaptive_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, control: StepControl | None = None,
                      steps: int | None = None, until: float | None = None, method="verlet",
                      t0=0.0, rho0: Tensor | None = None, save_every: int = 1, state_dims: int = 1,
                      h_min: float = 0.0, max_steps: int = 10 ** 7, form: str = "log",
-                     check_every: int = 64) -> AdaptiveTrajectory:
+                     check_every: int = 64, grad: str = "backprop", progress: bool = False,
+                     **grad_options) -> AdaptiveTrajectory:
     r"""Time-reversible variable steps (module docstring): ``steps`` steps of fictive size ``eps``
     (negative: backwards), or with ``until=T`` as many as every sample needs to pass T
     (checked every ``check_every`` steps; samples that are through keep stepping until the last
-    one is).  ``control``: a :class:`StepControl` (default :func:`power_law_control` (1.5),
-    for Kepler-type problems in relative coordinates).  ``method`` must be symmetric.
-    ``t0``: a number or per-sample tensor (*batch); ``rho0``: the control variable at the start
-    (default 1/σ(q0, p0)); pass the ``rho[-1]`` of a run to continue it or, with −eps, to
-    reverse it exactly.  ``state_dims``: trailing dims of q0 that form one sample's state
-    (default 1; the leading ones are the batch, each sample with its own step sizes).
-    ``form``: ``"log"`` (default; ρ's half-steps on ln ρ) or ``"additive"`` (Hairer–Söderlind's
-    ρ + (ε/2) G), see the module docstring.
+    one is).  ``control``: a :class:`StepControl` or a callable σ(q) / σ(q, p) (default
+    :func:`power_law_control` (1.5), for Kepler-type problems in relative coordinates).
+    ``method`` must be symmetric.  ``t0``: a number or per-sample tensor (*batch); ``rho0``: the
+    control variable at the start (default 1/σ(q0, p0)); pass the ``rho[-1]`` of a run to
+    continue it or, with −eps, to reverse it exactly.  ``state_dims``: trailing dims of q0 that
+    form one sample's state (default 1; the leading ones are the batch, each sample with its own
+    step sizes).  ``form``: ``"log"`` (default; ρ's half-steps on ln ρ) or ``"additive"``
+    (Hairer–Söderlind's ρ + (ε/2) G), see the module docstring.  ``rollout(system, q0, p0, h=ε,
+    steps=N, step_control=σ, ...)`` is this function.
+
+    Returns an :class:`AdaptiveTrajectory`: nodes ``q, p`` (L, *batch, *state) at steps
+    0, save_every, 2·save_every, ... and the final step (the frames of ``rollout``; ``q, p =
+    traj`` unpacks them), each sample's own times ``t`` (L, *batch) and control ``rho``;
+    ``traj.at(times)`` gives states at common times by dense output (needs ``save_every=1``).
+
+    Gradients (``grad``, options as in ``rollout``), w.r.t. q0, p0, t0, rho0 and the parameters
+    of the system (and of ``control.sigma`` when it is a module; others via ``params=[...]``);
+    the step sizes depend on the state and are differentiated with it:
+
+    * ``"backprop"``: autograd through every step, memory O(steps);
+    * ``"checkpoint"`` (``segment``, default ⌈√steps⌉, or 256 with ``until``): segments without
+      a graph, recomputed in backward — the step sequence is a deterministic function of each
+      segment's start (q, p, ρ, t) (its FSAL cache restarts there, so the forward values differ
+      from one loop's by round-off only); exact backprop gradient of the same map;
+    * ``"reversible"`` (``reconstruction_tol``): the map Ψ_ε on (q, p, ρ, t) is symmetric,
+      Ψ_{−ε} = Ψ_ε⁻¹, so the backward pass steps back from the final node with −ε (the same
+      controls, recomputed from the state) and takes one vector–Jacobian product per step:
+      graph memory O(1) (methods as for ``rollout``'s ``"reversible"``: explicit splittings on a
+      separable H, implicit symmetric cotangent-lift methods); a ``RuntimeWarning`` when the
+      reconstructed start is off by more than ``reconstruction_tol`` (default 1e3·machine
+      epsilon relative, steps × solver tolerance for implicit steps).
+
+    ``progress=True`` shows a tqdm bar over the steps.
 
     Raises ValueError for a non-symmetric method or a non-positive σ at the start,
     :class:`StepSizeCollapse` when ρ_{n+1/2} ≤ 0 or non-finite (ε too large for the control) or
     |h| < ``h_min``, or when ``until`` is not reached within ``max_steps``, and
     ``ConvergenceError`` (naming the step) when an implicit step does not converge."""
+    from ._loop import progress_bar
+    from .gradients import grad_mode, not_reversible, resolve_params
     system = _as_system(system)
     integrator = _method(method)
     if not getattr(integrator, "symmetric", False) or getattr(integrator, "first_order", False):
@@ -369,10 +615,14 @@ def adaptive_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, control: Ste
         raise ValueError("pass exactly one of steps= (a number of steps) and until= (an end time)")
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 0):
         raise ValueError(f"steps must be an int >= 0, got {steps!r}")
-    if isinstance(save_every, bool) or not isinstance(save_every, int) or save_every < 1:
-        raise ValueError(f"save_every must be an int >= 1, got {save_every!r}")
+    for name, val in (("save_every", save_every), ("check_every", check_every)):
+        if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {val!r}")
     if form not in ("log", "additive"):
         raise ValueError(f"form must be 'log' or 'additive', got {form!r}")
+    if not isinstance(progress, bool):
+        raise ValueError(f"progress must be a bool, got {progress!r}")
+    mode = grad_mode(grad, **grad_options)
     control = power_law_control(1.5, state_dims) if control is None else control
     if not isinstance(control, StepControl):
         control = StepControl(control)
@@ -393,49 +643,54 @@ def adaptive_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, control: Ste
     if not bool((rho > 0).all()):
         raise ValueError("rho0 must be > 0 (it is 1/step-size density)")
 
-    scaled = _TimeScaled(system, state_dims)
-    step = integrator.bind(scaled)
-    q, p = q0, p0
-    qs, ps, ts, rhos = [q0], [p0], [t], [rho]
-    G = control.rate(system, q, p, t, state_dims, form)
-    cache, s_old = None, None
-    rho_min = rho_max = None
-    n, tau = 0, 0.0
+    vs = _VariableStep(system, integrator, control, state_dims, form)
     limit = steps if steps is not None else max_steps
-    while n < limit:
-        rho_half = rho + 0.5 * eps * G if form == "additive" else rho * torch.exp(0.5 * eps * G)
-        s = 1.0 / rho_half
-        rho_min = rho_half.detach() if rho_min is None else torch.minimum(rho_min, rho_half.detach())
-        rho_max = rho_half.detach() if rho_max is None else torch.maximum(rho_max, rho_half.detach())
-        if s_old is not None:
-            cache = _rescale(cache, (s / s_old).reshape(*s.shape, *([1] * state_dims)))
-        scaled.set(s, t, tau)
-        try:
-            q, p, cache = step(scaled, q, p, tau, eps, cache)
-        except ConvergenceError as err:
-            raise err.with_step(n) from None
-        t = t + eps * s
-        tau += eps
-        s_old = s
-        G = control.rate(system, q, p, t, state_dims, form)
-        rho = rho_half + 0.5 * eps * G if form == "additive" else rho_half * torch.exp(0.5 * eps * G)
-        n += 1
-        if n % save_every == 0:
-            qs.append(q), ps.append(p), ts.append(t), rhos.append(rho)
-        if n % check_every == 0 or n == limit:
-            _check_steps(rho_min, rho_max, eps, h_min, q, p, n, check_every)
-            if until is not None and bool(((t - until) * eps >= 0).all()):
-                break
-    else:
-        if until is not None:
-            raise StepSizeCollapse(
-                f"{max_steps} steps did not reach t = {until} (the least advanced sample is at "
-                f"t = {(t.min() if eps > 0 else t.max()).item():g}): the step size collapsed; "
-                "increase eps or max_steps, or check the control")
-    if n % save_every:
-        qs.append(q), ps.append(p), ts.append(t), rhos.append(rho)
-    return AdaptiveTrajectory(torch.stack(qs), torch.stack(ps), torch.stack(ts), system,
-                              rho=torch.stack(rhos), steps=n)
+    x0 = (q0, p0, rho, t)
+    bar = progress_bar(steps, f"adaptive {integrator.name}") if progress else None
+    kw = dict(limit=limit, until=until, max_steps=max_steps, eps=eps, save_every=save_every,
+              check_every=check_every, h_min=float(h_min), progress=bar)
+    try:
+        if mode.name == "backprop" or not torch.is_grad_enabled():
+            (qs, ps, rhos, ts), n = _run_backprop(vs, x0, **kw)
+        else:
+            if mode.name == "reversible":
+                why = not_reversible(integrator, vs.scaled)
+                if why:
+                    raise ValueError(f"grad='reversible' with variable steps needs a method whose "
+                                     f"−ε step is computable; {integrator.name!r} cannot: {why}. "
+                                     "Use grad='checkpoint'.")
+            params = mode.params
+            if params is None:
+                params = [w for w in system.parameters() if w.requires_grad]
+                if isinstance(control.sigma, torch.nn.Module):
+                    params += [w for w in control.sigma.parameters() if w.requires_grad]
+
+            def probe(system_, q, p, t_, h, cache):   # one variable step: its graph's leaves
+                return vs(q, p, 1.0 / control(q, p), t, vs.rate(q, p, t), 0.0, h)[:3]
+            params = resolve_params(probe, system, (q0, p0), t, eps, params)
+            if mode.name == "checkpoint":
+                segment = mode.segment
+                if segment is None:
+                    segment = math.isqrt(max(steps, 1) - 1) + 1 if steps is not None else 256
+                if isinstance(segment, bool) or not isinstance(segment, int) or segment < 1:
+                    raise ValueError(f"segment must be a positive int, got {segment!r}")
+                (qs, ps, rhos, ts), n = _run_checkpoint(vs, x0, params, segment, **kw)
+            else:
+                tol = mode.reconstruction_tol
+                if tol is None:
+                    tol = 1e3 * torch.finfo(dtype).eps
+                    if not explicit_splitting(integrator, vs.scaled):
+                        # each −ε solve stops within the solver's tolerance τ: allow steps·τ
+                        tau = max(m.tol if m.tol is not None else default_tol(dtype)
+                                  for m, _ in integrator.stages())
+                        tol = (tol, tau)   # the −ε solves: steps·τ, with the steps known in backward
+                info = dict(tol=tol)
+                qs, ps, rhos, ts = _ReversibleSteps.apply((vs, kw, info), *x0, *params)
+                n = info["n"]
+    finally:
+        if bar is not None:
+            bar.close()
+    return AdaptiveTrajectory(qs, ps, ts, system, rho=rhos, steps=n, save_every=save_every)
 
 
 def _check_steps(rho_min, rho_max, eps, h_min, q, p, n, every):
@@ -620,7 +875,7 @@ def time_transformed_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, step
                                "a non-positive g, or T − E ≤ 0 for the logarithmic Hamiltonian); "
                                "reduce eps or check g")
     return AdaptiveTrajectory(q, p, tt, system, Q=Q, P=P,
-                              steps=(Q.shape[0] - 1) * save_every)
+                              steps=(Q.shape[0] - 1) * save_every, save_every=save_every)
 
 
 # -- odeint ------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ def as_system(system) -> System:
 def rollout(system, q0: torch.Tensor, p0: torch.Tensor | None = None, *, h: float, steps: int,
             method="verlet", t0: float = 0.0, save_every: int = 1, check_every: int = 64,
             grad: str = "backprop", compile: bool = False, progress: bool = False,
-            **grad_options):
+            step_control=None, **grad_options):
     r"""Integrate from (q0, p0) at t0 with ``steps`` steps of size ``h`` (negative h integrates
     backwards) and return the states every ``save_every`` steps, the initial one included.
 
@@ -54,8 +54,29 @@ def rollout(system, q0: torch.Tensor, p0: torch.Tensor | None = None, *, h: floa
     Non-finite states are detected every ``check_every`` steps (one host sync each) and raise
     ``FloatingPointError`` naming the steps; an implicit step that does not converge raises
     ``ConvergenceError`` naming the step.
+
+    ``step_control=σ`` (a :class:`~torchgeo_int.adaptive.StepControl` or a callable σ(q) /
+    σ(q, p) > 0, per sample) takes time-reversible variable steps instead (Hairer–Söderlind
+    2005; HLW VIII.3): ``h`` is then the fictive step ε, the physical step of each sample is
+    ≈ ε σ(q, p), and the call is :func:`~torchgeo_int.adaptive.adaptive_rollout` (the one
+    implementation; its keywords ``until`` (with ``steps=None``), ``max_steps``, ``rho0``,
+    ``state_dims``, ``h_min`` and ``form`` pass through).  It returns an
+    :class:`~torchgeo_int.adaptive.AdaptiveTrajectory`: ``q, p = rollout(...)`` unpacks the same
+    frames as a fixed-step rollout (steps 0, save_every, ..., the final step), ``.t`` holds each
+    sample's own times (L, *batch) (samples advance in their own time), ``.at(times)`` the
+    states at common times by dense output (cubic Hermite, needs ``save_every=1``).  The method
+    must be symmetric; ``grad`` ``"backprop"``, ``"checkpoint"`` and ``"reversible"`` apply
+    (see adaptive_rollout); ``compile=True`` and a first-order system are refused (ValueError).
     """
     system = as_system(system)
+    if step_control is not None:
+        return _variable_steps(system, q0, p0, h=h, steps=steps, method=method, t0=t0,
+                               save_every=save_every, check_every=check_every, grad=grad,
+                               compile=compile, progress=progress, step_control=step_control,
+                               **grad_options)
+    stray = sorted(set(grad_options) & set(ADAPTIVE_KEYWORDS))
+    if stray:
+        raise ValueError(f"{stray} are options of variable steps: they need step_control=σ")
     first_order = p0 is None
     integrator = get_method(method, first_order=first_order)
     if first_order:
@@ -91,6 +112,31 @@ def rollout(system, q0: torch.Tensor, p0: torch.Tensor | None = None, *, h: floa
         if bar is not None:
             bar.close()
     return out[0] if first_order else out
+
+
+#: adaptive_rollout's own keywords that ``rollout(..., step_control=...)`` passes through.
+ADAPTIVE_KEYWORDS = ("until", "max_steps", "rho0", "state_dims", "h_min", "form")
+
+
+def _variable_steps(system, q0, p0, *, h, steps, method, t0, save_every, check_every, grad,
+                    compile, progress, step_control, **options):
+    """``rollout(..., step_control=...)``: the combinations that have no meaning for variable
+    steps are refused here, the rest is :func:`~torchgeo_int.adaptive.adaptive_rollout`."""
+    from .adaptive import adaptive_rollout
+    if p0 is None:
+        raise ValueError("step_control needs a Hamiltonian state (q0, p0): reversible variable steps "
+                         "run a symmetric method of (q, p), and first-order systems have none")
+    if compile:
+        raise ValueError("step_control does not support compile=True: the step sizes change every "
+                         "step and per sample (the variable-step loop runs eagerly); drop compile")
+    h = float(h)
+    if h == 0.0 or h != h or abs(h) == float("inf"):
+        raise ValueError(f"h (with step_control: the fictive step ε) must be finite and nonzero, "
+                         f"got {h}")
+    adaptive = {k: options.pop(k) for k in ADAPTIVE_KEYWORDS if k in options}
+    return adaptive_rollout(system, q0, p0, eps=h, steps=steps, control=step_control,
+                            method=method, t0=t0, save_every=save_every, check_every=check_every,
+                            grad=grad, progress=progress, **adaptive, **options)
 
 
 def _free_bytes(device) -> int | None:
