@@ -121,8 +121,34 @@ def _fresh(fn, tag):
     return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
 
 
+#: Inductor options of every graph compiled here.  ``realize_cpu_opcount_threshold``: inductor
+#: inlines ("rematerialises") a pointwise intermediate into each of its readers unless it is read
+#: more than ``realize_reads_threshold`` (4) times or its expression has more than this many ops
+#: (CPU default 50).  An unrolled block of kick–drift steps on a force without a reduction (a
+#: quadratic potential: q ↦ q) is one chain of pointwise ops in which each state is read 2–3
+#: times, so nothing is stored and each step's expression inlines the previous ones: inductor's
+#: code generation walks a tree that grows ≈ 3.5× per unrolled step (measured on one CPU core:
+#: 0.7 s / 7.6 s / 94 s of ``Scheduler.codegen`` for 2 / 4 / 6 steps, the emitted kernel staying
+#: small because CSE folds the repeats; issue 21, item 14).  A force with a reduction (|q| in
+#: Kepler) stores its result, which cut the chain, hence the 3 s there.  At 10 the intermediates
+#: are stored every few ops: 16 unrolled steps compile in ~5 s, and the run time of the Kepler
+#: and quadratic blocks did not change measurably.  (torch < 2.13 names the one threshold for
+#: every device ``realize_opcount_threshold``; an option torch does not know is an error, so
+#: :func:`_inductor_options` passes the name this torch has.)
+REALIZE_OPCOUNT = 10
+
+
+def _inductor_options():
+    import torch._inductor.config as config   # imported by torch.compile anyway; not at our import
+
+    for name in ("realize_cpu_opcount_threshold", "realize_opcount_threshold"):
+        if hasattr(config, name):
+            return {name: REALIZE_OPCOUNT}
+    return {}
+
+
 def _compile(fn, tag):
-    return torch.compile(_fresh(fn, tag), fullgraph=True)
+    return torch.compile(_fresh(fn, tag), fullgraph=True, options=_inductor_options())
 
 
 def _traced(call, *args):
