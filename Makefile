@@ -25,9 +25,13 @@ install: $(VENV)/.installed
 # and on a shared machine their spin-waits cost 10x and more (see the README, "Threads").
 export OMP_NUM_THREADS ?= 1
 
+# Test worker processes (pytest-xdist): one per core of the 2-core CI machine; TEST_WORKERS=0
+# runs serially in one process.
+TEST_WORKERS ?= 2
+
 test: $(VENV)/.installed
-	@echo "[make] running the test suite (a few minutes on 2 CPU cores)"
-	$(PY) -m pytest
+	@echo "[make] running the test suite on $(TEST_WORKERS) worker processes (a few minutes on 2 CPU cores)"
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 demo: $(VENV)/.installed
 	@echo "[make] running experiments/demo.py (about 2 minutes): integrators, then HNN training"
