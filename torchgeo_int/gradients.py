@@ -222,7 +222,7 @@ class Checkpoint(_Lean):
                     return tuple(x[1:] for x in traj)
                 return tuple(x[keep] for x in traj)
 
-            traj = _Segment.apply(run, len(states), *states, *params)
+            traj = SegmentFunction.apply(run, len(states), *states, *params)
             if progress is not None:
                 progress.update(n)
             last = done + n == steps
@@ -289,7 +289,7 @@ def grad_mode(grad="backprop", **options) -> GradMode:
     return _MODES[grad](**options)
 
 
-class _Segment(torch.autograd.Function):
+class SegmentFunction(torch.autograd.Function):
     """A segment of the rollout whose graph is rebuilt in backward (gradient checkpointing).
 
     Written out instead of ``torch.utils.checkpoint``: the force inside a step is itself an
