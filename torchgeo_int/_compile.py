@@ -420,6 +420,8 @@ class CompiledStep(Stepper):
         return _Block(*out).next()
 
     def steps(self, q, p, t0, h, n, cache=None, *, start=0, out=None):
+        if n == 1 and type(cache) is _Block and q is cache.last and cache.i < cache.n:
+            return cache.next()     # every state saved: the next state of a lookahead block
         if torch.is_grad_enabled() and self.n_steps is not None:
             if self.graph is None:
                 self.graph = needs_graph(self.integrator, self.system, q, p, t0 + start * h, h)
