@@ -229,3 +229,22 @@ def test_odeint_compile_matches_eager_and_compiles_once():
     assert (yc2 - ye2).abs().max() < 1e-12
     with pytest.raises(ValueError, match="compile"):
         tgi.odeint(f, y0, t, method="verlet", options=dict(opts, compile="yes"))
+
+
+def test_compiled_stepper_is_a_stepper_whose_steps_are_the_eager_ones():
+    """compile=True wraps the one stepper protocol: CompiledStep is a Stepper; its steps(n)
+    (final-state blocks of K' = 4 here, then the last n mod 4 steps eagerly) equals the eager
+    stepper's steps(n), and its FSAL cache is the force at the final state."""
+    from torchgeo_int.integrators.base import Stepper
+
+    system = kepler(separable=True, analytic=True)
+    m = tgi.METHODS["verlet"]
+    eager = m.bind(system)
+    step = compiled_step(m, system, steps=64, save_every=8, block=4)
+    assert isinstance(eager, Stepper) and isinstance(step, Stepper) and step.macro == 4
+    q0, p0 = _batch()
+    with torch.no_grad():
+        qe, pe, fe = eager.steps(q0, p0, 0.0, 0.01, 10)
+        qc, pc, fc = step.steps(q0, p0, 0.0, 0.01, 10)
+    assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
+    assert (fc - fe).abs().max() < 1e-12

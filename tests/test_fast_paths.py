@@ -128,7 +128,7 @@ def test_grad_mode_without_a_graph_gives_the_no_grad_numbers(system, method, sav
         a = tgi.rollout(sys_, q0, p0, **kw)
         integrator = tgi.integrators.get_method(method)
         step = integrator.bind(sys_)
-        plain = lambda *args: step(*args)  # noqa: E731 — hides step.run: a step per call, copied
+        plain = lambda *args: step(*args)  # noqa: E731 — a bare step function: a step per call, copied
         ref = run_loop(plain, q0, p0, system=sys_, h=0.01, steps=20, t0=0.0,
                        save_every=save_every, check_every=64)
     b = tgi.rollout(sys_, q0, p0, **kw)

@@ -166,7 +166,7 @@ def test_bound_step_is_the_step_bit_for_bit(method, kind):
     assert (ca is None) == (cb is None) and (ca is None or torch.equal(ca, cb))
     if kind != "time_dependent":   # n steps in one call (what rollout's loop uses)
         with torch.no_grad():
-            qc, pc, cc = bound.run(q0, p0, 0.02, 25)
+            qc, pc, cc = bound.steps(q0, p0, 0.3, 0.02, 25)
         assert torch.equal(qc, qa) and torch.equal(pc, pa)
 
 

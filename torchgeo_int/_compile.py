@@ -1,60 +1,71 @@
-r"""``rollout(..., compile=True)``: the step through ``torch.compile``, compiled once.
+r"""``compile=True``: a wrapper of the stepper protocol whose ``step`` and ``steps(n)`` are
+compiled versions of the eager stepper's own (``integrator.bind(system)``,
+:class:`~torchgeo_int.integrators.base.Stepper`), each graph compiled once.
 
 A plain ``torch.compile(integrator.step)`` is slower than eager on CPU: ``t`` (a Python float that
 changes every step) and the cache (``None`` on step 0, a tensor afterwards) are specialised, so
 it recompiles, and every call pays dynamo's guards and inductor's wrapper (≈ 40–60 µs on a CPU
-core: as much as a whole eager Verlet step on a small batch).  Here:
+core: as much as a whole eager Verlet step on a small batch).  Here (:class:`CompiledStep`):
 
 * **Explicit kick–drift methods on separable systems** (``integrator.splitting()`` and
-  ``system.separable``): the integrator's own ``step``, unrolled n times, is one graph of tensors
-  ``(q, p, force) -> (q, p, force)``.  The FSAL force is computed eagerly before the first call,
+  ``system.separable``): a graph is the eager stepper's ``steps(n)`` traced, a function of
+  tensors ``(q, p, force) -> (q, p, force)`` (so the kick/drift sequence is the one of
+  ``integrators/base.py``).  The FSAL force is computed eagerly before the first call,
   so the graph always receives a tensor; a time-independent system gets a constant ``t`` (it
   ignores it), a time-dependent one the float, which dynamo makes dynamic after one recompile;
   ``h`` is a float, dynamic after the first change of step size.
 * **Blocks of K steps** amortise the per-call overhead (K = ``BLOCK_BUDGET // drifts per step``:
-  compile time grows with the unrolled graph).  Two forms:
+  compile time grows with the unrolled graph).  Given the rollout's plan (``steps``, ``t0``,
+  ``save_every``: what ``solve`` passes under ``grad="backprop"``) two uses of the one compiled
+  ``steps(n)``:
 
-  - :func:`compiled_rollout` (``save_every`` a multiple of some K' ≤ K): ``run_loop`` steps the
-    K'-fold composition Φ_h^{K'} with step K'h, each call returning only its final state — the
-    fastest form (the outputs are exactly the states ``run_loop`` would have saved);
-  - :class:`CompiledStep` with ``steps=`` (every state saved): one call computes K states and
-    the next K − 1 calls hand them out through the cache (a ``_Block`` cursor; a caller that
-    passes back another state drops the block).  The last ``steps mod K`` steps run eagerly, so
-    no second graph is compiled.  Returning K states costs memory traffic, so large states
-    (≥ ``LOOKAHEAD_MAX`` elements per block) take one compiled step per call instead.
+  - ``steps(n)`` (``run_loop`` asks for the n steps up to the next save or check) runs n as
+    compiled K'-step blocks, K' the largest divisor of ``save_every`` up to K, each returning
+    only its final state — the fastest form (only the states ``run_loop`` saves are formed); a
+    stretch that K' does not divide (a check between saves, the last steps) runs its last
+    ``n mod K'`` steps eagerly, so no second graph is compiled;
+  - ``step`` (every state saved, K' = 1: ``steps(n)`` is n calls of it): one call computes K
+    states (``steps(1)`` K times in one graph) and the next K − 1 calls hand them out through
+    the cache (a ``_Block`` cursor; a caller that passes back another state drops the block).
+    The last ``steps mod K`` steps of the rollout run eagerly, so no second graph is compiled.
+    Returning K states costs memory traffic, so large states (≥ ``LOOKAHEAD_MAX`` elements per
+    block) take one compiled step per call instead.
 
-  Under autograd every call is one step: a block would also compile its K-step backward, which
-  takes minutes on CPU.
+  Without the plan (the lean gradient modes, whose recomputation must take the forward's
+  operations) and under autograd every call is one compiled step: a block would also compile
+  its K-step backward, which takes minutes on CPU.  Under grad mode with nothing requiring
+  grad (:func:`needs_graph`, decided from one eager step) the planned steps run as under
+  ``torch.no_grad()``.
 * **Batch-innermost layout in blocks.**  A state (B, n) with a few coordinates and many
   trajectories goes into a block with the batch as its stride-1 axis (:func:`batch_inner`) and
   comes out contiguous again.  Inductor vectorises along the stride-1 axis: on the row-major
   layout that is the n coordinates (a reduction like |q| over n = 2 runs 16-lane vectors masked
   to 2 lanes, a scalar loop over the batch); on the batch-innermost one it is the batch.  The
-  copies in and out of a macro block (:func:`compiled_rollout`, final states only) are cheaper
-  than what they save from B ≈ 256 on (Kepler, 4096 trajectories: ≈ 1.6× faster); blocks that
-  return every state keep the row-major layout (a copy per state: slower).  Eager kernels are
-  slower on the batch-innermost layout, so it never leaves the block.  A system that cannot
-  take it (``q.view(...)`` needs a contiguous q) is compiled again on the row-major layout.
+  copies in and out of a K'-step block (final state only) are cheaper than what they save from
+  B ≈ 256 on (Kepler, 4096 trajectories: ≈ 1.6× faster); blocks that return every state keep
+  the row-major layout (a copy per state: slower).  Eager kernels are slower on the
+  batch-innermost layout, so it never leaves the block.  A system that cannot take it
+  (``q.view(...)`` needs a contiguous q) is compiled again on the row-major layout.
 * **Everything else** (implicit methods, non-separable systems): the integrator's own eager step
   (its solver loop has data-dependent iteration counts and host syncs) on a proxy of the system
   whose ``vector_field`` / ``force`` / ``velocity`` are compiled, for states of at least
   ``FIELDS_MIN`` elements; smaller states run the plain eager step (each compiled evaluation
   pays the call overhead).  A warning says so.
 * Autograd inside the system (X_H of a :class:`Hamiltonian` by ``torch.autograd.grad``) is traced
-  (dynamo's ``trace_autograd_ops``).  If compiling fails, a warning says why and the step runs
-  eagerly from then on.
+  (dynamo's ``trace_autograd_ops``).  If compiling fails, a warning says why and the eager
+  stepper runs from then on.
 
 Compiled graphs are kept per (integrator, system) pair, for the last ``KEEP`` pairs, and each
 pair has its own code objects (dynamo's recompile limit counts per code object).  Results agree
-with the eager rollout to round-off (inductor fuses and may reorder arithmetic).
+with the eager rollout to round-off (inductor fuses and may reorder arithmetic).  Every graph
+goes through the one ``torch.compile`` call, in :func:`_compile`.
 
-Size: the compiled kernels, the compiled stepper and the compiled rollout plan (blocks, macro
-steps) share one kernel cache and one fallback policy.
+Size: the compiled kernels, the compiled stepper and its plan (blocks, lookahead) share one
+kernel cache and one fallback policy.
 """
 from __future__ import annotations
 
 import itertools
-import re
 import threading
 import types
 import warnings
@@ -63,7 +74,7 @@ import torch
 
 from ._cache import IdentityCache
 from ._loop import run_loop
-from .integrators.base import explicit_splitting
+from .integrators.base import Stepper, explicit_splitting
 from .solvers import ConvergenceError
 
 __all__ = ["compiled_step", "compiled_rollout", "CompiledStep", "default_block"]
@@ -224,6 +235,7 @@ class _Kernels:
 
     def __init__(self, integrator, system):
         self.integrator, self.system = integrator, system
+        self.eager = integrator.bind(system)   # the stepper whose step and steps are compiled
         self.name = getattr(integrator, "name", type(integrator).__name__)
         self.time_dependent = bool(getattr(system, "time_dependent", True))
         # A system that takes t as a 0-d tensor (odeint's, as torchdiffeq's func) gets it so in
@@ -248,21 +260,24 @@ class _Kernels:
         return t
 
     def block(self, n, keep_all):
-        """(q, p, force, t, h) -> (q, p, force) after n steps of h; with ``keep_all`` q and p
-        are the lists of the n states."""
+        """The compiled n-fold composition, (q, p, force, t, h) -> (q, p, force): the eager
+        stepper's ``steps(n)`` traced; with ``keep_all`` q and p are the lists of the n states
+        (``steps(1)`` n times)."""
         fn = self._blocks.get((n, keep_all))
         if fn is None:
-            integrator, system, fsal = self.integrator, self.system, self.fsal
+            eager, fsal = self.eager, self.fsal
 
             def steps(q, p, force, t, h):
-                qs, ps = [], []
-                for _ in range(n):
-                    q, p, force = integrator.step(system, q, p, t, h, force)
-                    t = t + h
-                    qs.append(q)
-                    ps.append(p)
-                force = force if fsal else None
-                return (qs, ps, force) if keep_all else (q, p, force)
+                if keep_all:
+                    qs, ps = [], []
+                    for j in range(n):
+                        q, p, force = eager.steps(q, p, t, h, 1, force, start=j)
+                        qs.append(q)
+                        ps.append(p)
+                    q, p = qs, ps
+                else:
+                    q, p, force = eager.steps(q, p, t, h, n, force)
+                return q, p, (force if fsal else None)
 
             fn = self._blocks[(n, keep_all)] = _compile(steps, f"{self._tag}_{n}_{int(keep_all)}")
         return fn
@@ -337,16 +352,46 @@ def _kernels(integrator, system) -> _Kernels:
     return k
 
 
-class _Runner:
-    """The guarded compiled call shared by both step kinds."""
+class CompiledStep(Stepper):
+    """The stepper of ``integrator`` on ``system`` with ``step`` and ``steps(n)`` compiled (see
+    the module docstring).
 
-    def __init__(self, integrator, system):
-        self.integrator, self.system = integrator, system
+    Without ``steps`` every call is one compiled step.  With the rollout's ``steps`` and ``t0``
+    explicit steps run in lookahead blocks of ``block`` steps (default :func:`default_block`),
+    and with its ``save_every`` too, ``steps(n)`` in blocks that return only their final state."""
+
+    def __init__(self, integrator, system, *, steps=None, t0=0.0, block=None, save_every=None):
+        super().__init__(system)
+        self.integrator = integrator
         self.kernels = _kernels(integrator, system)
+        self.eager = self.kernels.eager
+        if block is None:
+            block = default_block(integrator, system) if steps is not None else 1
+        if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+            raise ValueError(f"block must be an int >= 1, got {block!r}")
+        if block > 1 and steps is None:
+            raise ValueError("blocks of steps need the rollout's step count: pass steps=")
+        self.block = block if self.kernels.explicit else 1
+        self.n_steps, self.t0 = steps, float(t0)
+        # K' of the final-state blocks: a divisor of save_every, so the saves fall between them
+        self.macro = (_macro_block(self.block, save_every)
+                      if save_every is not None and steps is not None and steps >= save_every else 1)
+        self.graph = None   # needs_graph, decided at the first planned call under grad mode
+        if not self.kernels.explicit and not self.kernels.failed:
+            warnings.warn(f"compile=True: {self.kernels.name!r} is implicit on this system: its "
+                          "solver loop runs eagerly and only the vector field is compiled (for "
+                          f"states of >= {FIELDS_MIN} elements; smaller ones run eagerly)",
+                          stacklevel=3)
 
-    def _check_system(self, system):
-        if system is not self.system:
-            raise ValueError("this compiled step was built for another system")
+    @property
+    def mode(self) -> str:
+        """'blocks', 'step', 'fields' (implicit: compiled vector field) or 'eager' (failed)."""
+        k = self.kernels
+        if k.failed:
+            return "eager"
+        if not k.explicit:
+            return "fields"
+        return "blocks" if self.block > 1 else "step"
 
     def _guarded(self, run, eager):
         """The compiled call; if it fails and the eager step does not, compilation is turned off
@@ -373,59 +418,26 @@ class _Runner:
     def _time(self, t, like):
         return self.kernels.time(t, like) if self.kernels.time_dependent else 0.0
 
-
-class CompiledStep(_Runner):
-    """``step(system, q, p, t, h, cache) -> (q, p, cache)``: the integrator's step, compiled.
-
-    Without ``steps`` every call is one compiled step.  With the rollout's ``steps`` and ``t0``
-    explicit steps run in lookahead blocks of ``block`` steps (default :func:`default_block`):
-    see the module docstring."""
-
-    def __init__(self, integrator, system, *, steps=None, t0=0.0, block=None):
-        super().__init__(integrator, system)
-        if block is None:
-            block = default_block(integrator, system) if steps is not None else 1
-        if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-            raise ValueError(f"block must be an int >= 1, got {block!r}")
-        if block > 1 and steps is None:
-            raise ValueError("blocks of steps need the rollout's step count: pass steps=")
-        self.block = block if self.kernels.explicit else 1
-        self.steps, self.t0 = steps, float(t0)
-        if not self.kernels.explicit and not self.kernels.failed:
-            warnings.warn(f"compile=True: {self.kernels.name!r} is implicit on this system: its "
-                          "solver loop runs eagerly and only the vector field is compiled (for "
-                          f"states of >= {FIELDS_MIN} elements; smaller ones run eagerly)",
-                          stacklevel=3)
-
-    @property
-    def mode(self) -> str:
-        """'blocks', 'step', 'fields' (implicit: compiled vector field) or 'eager' (failed)."""
-        k = self.kernels
-        if k.failed:
-            return "eager"
-        if not k.explicit:
-            return "fields"
-        return "blocks" if self.block > 1 else "step"
-
-    def __call__(self, system, q, p, t, h, cache=None):
+    def step(self, system, q, p, t, h, cache=None):
         # The hot path first: the next state of a block computed for this system.
         if type(cache) is _Block and q is cache.last and cache.i < cache.n and system is self.system:
             return cache.next()
-        self._check_system(system)
-        k, integrator = self.kernels, self.integrator
+        if system is not self.system:
+            raise ValueError("this compiled step was built for another system")
+        k, eager_step = self.kernels, self.eager.step
         cache = _force_of(cache, q)
-        eager = lambda: integrator.step(system, q, p, t, h, cache)  # noqa: E731
+        eager = lambda: eager_step(system, q, p, t, h, cache)  # noqa: E731
         if k.failed:
             return eager()
         if not k.explicit:
             if q.numel() < FIELDS_MIN:
                 return eager()
-            return self._guarded(lambda: integrator.step(k.proxy, q, p, t, h, cache), eager)
+            return self._guarded(lambda: self.integrator.step(k.proxy, q, p, t, h, cache), eager)
         n = 1 if torch.is_grad_enabled() else self.block
         if n > 1:
             if q.numel() * n > LOOKAHEAD_MAX:
                 n = 1
-            elif self.steps - round((t - self.t0) / h) < n:
+            elif self.n_steps - round((t - self.t0) / h) < n:
                 return eager()               # the tail: no second graph to compile
         force = k.first_force(system, q, t, cache)
         out = self._guarded(lambda: k.run_block(n, n > 1, q, p, force, self._time(t, q), h), eager)
@@ -433,88 +445,53 @@ class CompiledStep(_Runner):
             return out
         return _Block(*out).next()
 
+    def steps(self, q, p, t0, h, n, cache=None, *, start=0, out=None):
+        if n == 1 and type(cache) is _Block and q is cache.last and cache.i < cache.n:
+            return cache.next()     # every state saved: the next state of a lookahead block
+        if torch.is_grad_enabled() and self.n_steps is not None:
+            if self.graph is None:
+                self.graph = needs_graph(self.integrator, self.system, q, p, t0 + start * h, h)
+            if not self.graph:
+                with torch.no_grad():    # the graphs (and outputs) of a no_grad rollout
+                    return self.steps(q, p, t0, h, n, cache, start=start)
+        m, k = self.macro, self.kernels
+        if m == 1 or k.failed or p is None or torch.is_grad_enabled():
+            return super().steps(q, p, t0, h, n, cache, start=start)   # n calls of self.step
+        system, force = self.system, _force_of(cache, q)
+        full = n - n % m
+        for j in range(start, start + full, m):
+            if k.failed:     # a block fell back to eager: the rest runs eagerly too
+                q, p, force = self.eager.steps(q, p, t0, h, start + full - j, force, start=j)
+                break
+            t = t0 + j * h
+            first = k.first_force(system, q, t, force)
+            eager = lambda: self.eager.steps(q, p, t, h, m, force)  # noqa: E731
+            q, p, force = self._guarded(
+                lambda: k.run_block(m, False, q, p, first, self._time(t, q), h), eager)
+        if full < n:     # the rest eagerly: no second graph to compile
+            q, p, force = self.eager.steps(q, p, t0, h, n - full, force, start=start + full)
+        return q, p, force
 
-class _MacroStep(_Runner):
-    """Φ_h^K as one step of size K·h (``run_loop`` steps it with ``h = K·h``)."""
 
-    def __init__(self, integrator, system, K, h):
-        super().__init__(integrator, system)
-        self.K, self.h = K, h
-
-    def __call__(self, system, q, p, t, H, cache=None):
-        self._check_system(system)
-        k, K, h, integrator = self.kernels, self.K, self.h, self.integrator
-
-        def eager():
-            c, tt = cache, t
-            qq, pp = q, p
-            for _ in range(K):
-                qq, pp, c = integrator.step(system, qq, pp, tt, h, c)
-                tt = tt + h
-            return qq, pp, c
-
-        if k.failed or torch.is_grad_enabled():
-            return eager()
-        force = k.first_force(system, q, t, cache)
-        return self._guarded(lambda: k.run_block(K, False, q, p, force, self._time(t, q), h), eager)
-
-
-def compiled_step(integrator, system, *, steps=None, t0=0.0, block=None) -> CompiledStep:
-    """The step ``rollout(..., compile=True)`` uses; see :class:`CompiledStep`."""
-    return CompiledStep(integrator, system, steps=steps, t0=t0, block=block)
+def compiled_step(integrator, system, *, steps=None, t0=0.0, block=None,
+                  save_every=None) -> CompiledStep:
+    """The stepper ``compile=True`` uses; see :class:`CompiledStep`."""
+    return CompiledStep(integrator, system, steps=steps, t0=t0, block=block, save_every=save_every)
 
 
 def _macro_block(K, save_every):
-    """The largest divisor of save_every that is ≤ K (1: no macro steps)."""
+    """The largest divisor of save_every that is ≤ K (1: no final-state blocks)."""
     return max(d for d in range(1, min(K, save_every) + 1) if save_every % d == 0)
-
-
-class _Scaled:
-    """A progress bar told macro steps of K steps: it counts steps."""
-
-    def __init__(self, bar, K):
-        self.bar, self.K = bar, K
-
-    def update(self, n):
-        self.bar.update(n * self.K)
 
 
 def compiled_rollout(integrator, system, q0, p0, *, h, steps, t0=0.0, save_every=1,
                      check_every=64, block=None, step_offset=0, progress=None):
-    """What ``rollout(..., compile=True, grad="backprop")`` runs: ``run_loop`` with compiled
-    steps — K'-fold macro steps when ``save_every`` allows (only the saved states are formed),
-    else :class:`CompiledStep` lookahead blocks.  Same outputs as ``run_loop(integrator.step,
-    ...)`` up to round-off.  ``step_offset`` numbers the steps in errors (a continued run)."""
-    if torch.is_grad_enabled() and not needs_graph(integrator, system, q0, p0, t0, h):
-        with torch.no_grad():       # the graphs (and outputs) of a no_grad rollout
-            return compiled_rollout(integrator, system, q0, p0, h=h, steps=steps, t0=t0,
-                                    save_every=save_every, check_every=check_every, block=block,
-                                    step_offset=step_offset)
-    K = default_block(integrator, system) if block is None else block
-    args = dict(system=system, save_every=save_every, t0=t0)
-    Km = _macro_block(K, save_every) if p0 is not None and not torch.is_grad_enabled() else 1
-    if Km > 1 and steps >= save_every:
-        macro = _MacroStep(integrator, system, Km, h)
-        main = steps - steps % save_every     # a multiple of save_every, hence of Km
-        try:
-            out = run_loop(macro, q0, p0, h=Km * h, steps=main // Km,
-                           check_every=max(1, check_every // Km),
-                           progress=None if progress is None else _Scaled(progress, Km),
-                           **{**args, "save_every": save_every // Km})
-        except FloatingPointError as err:
-            raise FloatingPointError(_rescale_steps(str(err), Km, step_offset)) from None
-        if main == steps:
-            return out
-        # the steps past the last saved state, to the final state (the rollout's last frame)
-        tail, t_tail = steps - main, t0 + main * h
-        step = CompiledStep(integrator, system, steps=tail, t0=t_tail, block=K)
-        end = run_loop(step, out[0][-1], out[1][-1], system=system, h=h, steps=tail, t0=t_tail,
-                       save_every=tail, check_every=check_every, step_offset=step_offset + main,
-                       progress=progress)
-        return tuple(torch.cat([o, e[1:]]) for o, e in zip(out, end))
-    step = CompiledStep(integrator, system, steps=steps, t0=t0, block=K)
-    return run_loop(step, q0, p0, h=h, steps=steps, check_every=check_every,
-                    step_offset=step_offset, progress=progress, **args)
+    """``run_loop`` with the planned compiled stepper: what ``solve(..., compile=True,
+    grad=Backprop())`` runs, with the block size K as a parameter.  Same outputs as
+    ``run_loop(integrator.step, ...)`` up to round-off."""
+    step = compiled_step(integrator, system, steps=steps, t0=t0, block=block, save_every=save_every)
+    return run_loop(step, q0, p0, system=system, h=h, steps=steps, t0=t0, save_every=save_every,
+                    check_every=check_every, step_offset=step_offset, progress=progress)
 
 
 def needs_graph(integrator, system, q0, p0, t0, h) -> bool:
@@ -533,8 +510,3 @@ def needs_graph(integrator, system, q0, p0, t0, h) -> bool:
     except Exception:  # noqa: BLE001 — the rollout itself reports a failing step
         return True
     return any(isinstance(x, torch.Tensor) and x.requires_grad for x in (q, p))
-
-
-def _rescale_steps(message, K, offset=0):
-    """run_loop's 'between step a and step b' counted macro steps of K steps: say it in steps."""
-    return re.sub(r"step (\d+)", lambda m: f"step {int(m.group(1)) * K + offset}", message)

@@ -8,6 +8,7 @@ import warnings
 
 import torch
 
+from .integrators.base import as_stepper
 from .solvers import ConvergenceError
 
 __all__ = ["run_loop", "n_saved", "progress_bar"]
@@ -34,20 +35,20 @@ def run_loop(step, q0, p0, *, system, h, steps, t0, save_every, check_every, cac
              step_offset=0, return_cache=False, progress=None):
     """Run ``steps`` steps of ``step`` from (q0, p0) at t0 and return the states every
     ``save_every`` steps, the initial one included, and the final state (one more frame when
-    save_every does not divide steps; :func:`n_saved` frames in all) (``p0=None``: a first-order state, the second
-    output is None).  ``step`` is a stepper: ``step(system, q, p, t, h, cache) -> (q, p, cache)``,
-    optionally with ``step.run(q, p, h, n, cache)`` taking n steps in one call (and, when
-    ``step.run.writes_out``, ``step.run(..., cache, out)`` writing the last state into ``out``,
-    a pair of output rows).  ``cache`` starts
-    the FSAL/warm-start chain (``return_cache=True`` returns the last one); ``step_offset``
-    numbers the steps in errors (a run continuing an earlier one); ``progress``: an object with
-    ``update(n)`` (a tqdm bar), told the steps of each stretch."""
+    save_every does not divide steps; :func:`n_saved` frames in all) (``p0=None``: a first-order
+    state, the second output is None).  ``step`` is a stepper
+    (:class:`~torchgeo_int.integrators.base.Stepper`: ``steps(q, p, t0, h, n, cache, start=,
+    out=)``), or a step function ``step(system, q, p, t, h, cache) -> (q, p, cache)``, bound to
+    ``system`` here.  ``cache`` starts the FSAL/warm-start chain (``return_cache=True`` returns
+    the last one); ``step_offset`` numbers the steps in errors (a run continuing an earlier one);
+    ``progress``: an object with ``update(n)`` (a tqdm bar), told the steps of each stretch."""
     n_out = n_saved(steps, save_every)
     # States that carry a graph are stacked at the end (in-place writes into one buffer would
     # chain every step through CopySlices); the others go into preallocated buffers: under
     # no_grad, and under grad mode while nothing the steps touch requires grad (a rollout of a
     # fixed system without torch.no_grad()), switching to stacking at the first state that
-    # does.  A bound splitting (``step.run``) writes each saved state straight into its row.
+    # does.  A stepper that ``writes_out`` (a bound splitting) puts each saved state straight
+    # into its row.
     grad_mode = torch.is_grad_enabled()
     states = [x for x in (q0, p0) if x is not None]
     params = system.parameters() if isinstance(system, torch.nn.Module) else ()
@@ -61,20 +62,23 @@ def run_loop(step, q0, p0, *, system, h, steps, t0, save_every, check_every, cac
             o[0] = x
 
     q, p = q0, p0
-    run = getattr(step, "run", None)   # n steps in one call (a bound explicit splitting)
-    into = getattr(run, "writes_out", False)   # run(..., out=rows) writes the last state there
+    stepper = as_stepper(step, system)
+    into = stepper.writes_out   # steps(..., out=rows) writes the stretch's last state there
     k = 0
     while k < steps:
-        # Steps run in stretches up to the next save or check, so the per-step Python cost is
-        # the call of `step` alone (or nothing, with `run`).
+        # Steps run in stretches up to the next save or check: one ``steps`` call each, so the
+        # per-step Python cost is the stepper's own loop.
         end = min(steps, (k // save_every + 1) * save_every, (k // check_every + 1) * check_every)
         written = False
-        if run is not None:
+        try:
             if into and not track and (end % save_every == 0 or end == steps) and p is not None:
                 i = -(-end // save_every)
                 try:
-                    q, p, cache = run(q, p, h, end - k, cache, (outs[0][i], outs[1][i]))
+                    q, p, cache = stepper.steps(q, p, t0, h, end - k, cache, start=k,
+                                                out=(outs[0][i], outs[1][i]))
                     written = True
+                except ConvergenceError:
+                    raise
                 except RuntimeError:
                     # out= refuses inputs that require grad (checked before any write): under
                     # grad mode the steps began to depend on such a tensor (a captured one);
@@ -82,14 +86,10 @@ def run_loop(step, q0, p0, *, system, h, steps, t0, save_every, check_every, cac
                     if not grad_mode:
                         raise
             if not written:
-                q, p, cache = run(q, p, h, end - k, cache)
-        else:
-            j = k
-            try:
-                for j in range(k, end):
-                    q, p, cache = step(system, q, p, t0 + j * h, h, cache)
-            except ConvergenceError as err:
-                raise err.with_step(step_offset + j) from None
+                q, p, cache = stepper.steps(q, p, t0, h, end - k, cache, start=k)
+        except ConvergenceError as err:
+            # the stepper numbers its step from the run's start; the run from the caller's
+            raise err.with_step(step_offset + (k if err.step is None else err.step)) from None
         if progress is not None:
             progress.update(end - k)
         k = end

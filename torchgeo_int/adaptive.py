@@ -78,6 +78,7 @@ import torch
 
 from ._validate import check_finite, check_pair
 from .integrators import METHODS, TABLES, Composition, get_method
+from .gradients import SegmentFunction
 from .integrators.base import explicit_splitting
 from .solvers import ConvergenceError, default_tol
 from .systems import Hamiltonian, SeparableHamiltonian, System, grad_of
@@ -465,11 +466,10 @@ def _run_backprop(vs, x0, *, limit, until, max_steps, eps, **kw):
 
 def _run_checkpoint(vs, x0, params, segment, *, limit, until, max_steps, eps, **kw):
     """Segments of ``segment`` steps run without a graph, each recomputed with its graph in
-    backward (:class:`~torchgeo_int.gradients._Segment`).  The step sequence is a deterministic
+    backward (:class:`~torchgeo_int.gradients.SegmentFunction`).  The step sequence is a deterministic
     function of the segment's start (q, p, ρ, t): G is recomputed there and the FSAL cache
     restarts, in the forward pass and in the recomputation alike; the number of steps of each
     segment (decided by ``until`` in the forward pass) is replayed."""
-    from .gradients import _Segment
     outs = [[x.unsqueeze(0)] for x in x0]
     states, done, reached = x0, 0, False
     while done < limit and not reached:
@@ -486,7 +486,7 @@ def _run_checkpoint(vs, x0, params, segment, *, limit, until, max_steps, eps, **
             info.setdefault("reached", hit)
             return (*_stack(frames, (q, p, rho, t)), *node[:4])
 
-        out = _Segment.apply(run, 4, *states, *params)
+        out = SegmentFunction.apply(run, 4, *states, *params)
         for o, f in zip(outs, out[:4]):
             o.append(f)
         states, done, reached = out[4:], info["n"], info["reached"]

@@ -124,6 +124,11 @@ class GradMode:
     :func:`grad_mode` if it is to be chosen by name)."""
 
     name = "backprop"
+    #: Whether ``compile=True`` may run this mode's steps in blocks (the rollout's plan, see
+    #: ``torchgeo_int._compile``).  A lean mode recomputes or inverts steps in its backward
+    #: pass one step at a time, which must take the forward's operations: one compiled step
+    #: per call.
+    compiled_blocks = False
 
     def run(self, integrator, step, q0, p0, *, cache=None, return_cache=False, **loop):
         raise NotImplementedError
@@ -137,6 +142,7 @@ class Backprop(GradMode):
     """Plain autograd through every step: memory O(steps)."""
 
     name = "backprop"
+    compiled_blocks = True
 
     def run(self, integrator, step, q0, p0, *, cache=None, return_cache=False, **loop):
         return run_loop(step, q0, p0, cache=cache, return_cache=return_cache, **loop)
@@ -216,7 +222,7 @@ class Checkpoint(_Lean):
                     return tuple(x[1:] for x in traj)
                 return tuple(x[keep] for x in traj)
 
-            traj = _Segment.apply(run, len(states), *states, *params)
+            traj = SegmentFunction.apply(run, len(states), *states, *params)
             if progress is not None:
                 progress.update(n)
             last = done + n == steps
@@ -283,7 +289,7 @@ def grad_mode(grad="backprop", **options) -> GradMode:
     return _MODES[grad](**options)
 
 
-class _Segment(torch.autograd.Function):
+class SegmentFunction(torch.autograd.Function):
     """A segment of the rollout whose graph is rebuilt in backward (gradient checkpointing).
 
     Written out instead of ``torch.utils.checkpoint``: the force inside a step is itself an

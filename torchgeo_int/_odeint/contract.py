@@ -37,6 +37,8 @@ import warnings
 import torch
 from torchdiffeq._impl.event_handling import combine_event_functions, find_event
 
+from ..integrators.base import Stepper
+
 _UNSUPPORTED_CALLBACKS = ("callback_accept_step", "callback_reject_step")
 INTERPS = ("step", "linear", "cubic")
 MAX_EVENT_STEPS = 20000     # torchdiffeq's cap on the steps of a fixed-grid event search
@@ -93,19 +95,20 @@ def perturbed(t, window):
     return t + (moved - t).detach() if t.requires_grad else moved
 
 
-class StepHooks:
-    """A bound step with torchdiffeq's per-step hooks: the perturb window for ``caller`` (its
+class StepHooks(Stepper):
+    """A bound stepper with torchdiffeq's per-step hooks: the perturb window for ``caller`` (its
     ``window`` attribute) and ``callback(t0, y0, dt)`` before the step.  ``fresh``: every step
     starts without the cache (its warm start is the field at the step's start, evaluated there
     as torchdiffeq's fixed-grid steps do; the same equations, solved to the same tolerance).
-    It has no ``run``, so ``run_loop`` calls it once per step."""
+    Its ``steps(n)`` is the default, n calls of its ``step``: the hooks run before every step."""
 
-    def __init__(self, step, *, caller=None, perturb=False, callback=None, to_user=None,
+    def __init__(self, stepper, *, caller=None, perturb=False, callback=None, to_user=None,
                  fresh=False):
-        self.step, self.caller, self.perturb = step, caller, perturb
+        super().__init__(stepper.system)
+        self.stepper, self.caller, self.perturb = stepper, caller, perturb
         self.callback, self.to_user, self.fresh = callback, to_user, fresh
 
-    def __call__(self, system, q, p, t, h, cache=None):
+    def step(self, system, q, p, t, h, cache=None):
         if self.perturb:
             self.caller.window = (float(t), float(t + h))
         if self.callback is not None:
@@ -117,7 +120,7 @@ class StepHooks:
                 dt = tm.c * dt
             self.callback(t_user, self.to_user(q, p), dt)
         try:
-            return self.step(system, q, p, t, h, None if self.fresh else cache)
+            return self.stepper.step(system, q, p, t, h, None if self.fresh else cache)
         finally:
             if self.perturb:
                 self.caller.window = None

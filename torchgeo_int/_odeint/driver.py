@@ -6,7 +6,7 @@ import math
 import torch
 
 from .._loop import progress_bar
-from ..solve import Backprop, bind, grad_mode, solve
+from ..solve import bind, grad_mode, solve
 from .contract import StepHooks, TimeMap
 
 CHECK_EVERY = 64  # steps between finiteness checks (one host sync each)
@@ -42,9 +42,8 @@ def integrate(integrator, system, states, times, step_size, t_dtype, grad="backp
     groups = [(i0, m, n, times[i0], times[i0 + m], (times[i0 + m] - times[i0]) / (m * n))
               for i0, m, n in groups]
     mode = grad_mode(grad, **(grad_options or {}))
-    step = bind(integrator, system, compile=compile and not isinstance(mode, Backprop))
-    step = hooked_step(step, dict(caller=caller, perturb=perturb, fresh=fresh, callback=callback,
-                                  to_user=to_user))
+    step = hooked_step(bind(integrator, system), dict(caller=caller, perturb=perturb, fresh=fresh,
+                                                      callback=callback, to_user=to_user))
     bar = None
     if progress is not None:
         bar = progress_bar(sum(m * n for _, m, n, *_ in groups), f"odeint {progress}")

@@ -2,8 +2,9 @@
 
 ``step(system, q, p, t, h, cache) -> (q, p, cache)``: ``cache`` carries what the next step can
 reuse (the last force for FSAL kick–drift methods, the last stage derivative as the warm start of
-an implicit solve); pass ``None`` on the first step.  The loop over steps is written once, in
-``torchgeo_int.rollout``.
+an implicit solve); pass ``None`` on the first step.  ``bind(system)`` gives a :class:`Stepper`:
+``step`` and ``steps(n)`` (Φ_h^n) on that system, the one protocol every loop calls
+(``torchgeo_int._loop.run_loop``) and ``compile=True`` wraps (``torchgeo_int._compile``).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import copy
 
 import torch
 
-from ..solvers import SolveOptions
+from ..solvers import ConvergenceError, SolveOptions
 
 
 class Integrator:
@@ -73,13 +74,13 @@ class Integrator:
         systems (see ``run_splitting``), else ``None``."""
         return None
 
-    def bind(self, system):
-        """The step function a rollout of ``system`` calls, ``(system, q, p, t, h, cache) ->
-        (q, p, cache)``: the same map as :meth:`step`, computed by the same operations; an
-        explicit splitting on a separable system gets a loop whose coefficients and system
-        halves are looked up once (the per-step Python cost of a hand-written loop)."""
+    def bind(self, system) -> "Stepper":
+        """The :class:`Stepper` a rollout of ``system`` calls: the same map as :meth:`step`,
+        computed by the same operations; an explicit splitting on a separable system gets a loop
+        whose coefficients and system halves are looked up once (the per-step Python cost of a
+        hand-written loop)."""
         split = explicit_splitting(self, system)
-        return self.step if split is None else splitting_step(*split, system)
+        return Stepper(system, self.step) if split is None else splitting_step(*split, system)
 
     def stages(self):
         """The method as a list of (primitive method, step fraction) — itself for a primitive."""
@@ -88,6 +89,53 @@ class Integrator:
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(name={self.name!r}, order={self.order}, "
                 f"symplectic={self.symplectic}, symmetric={self.symmetric})")
+
+
+class Stepper:
+    r"""A method bound to one system — the one stepper protocol:
+
+    * ``step(system, q, p, t, h, cache) -> (q, p, cache)`` (also the stepper's ``__call__``):
+      one step Φ_h from (q, p) at t, the integrator's :meth:`Integrator.step`;
+    * ``steps(q, p, t0, h, n, cache=None, *, start=0, out=None) -> (q, p, cache)``: the n-fold
+      composition Φ_h^n, its steps at the times t0 + j·h, j = start … start + n − 1 (computed
+      from t0, as ``run_loop`` numbers them, so the times do not depend on how a run is cut into
+      calls); a :class:`ConvergenceError` names its step j.  By default n calls of ``step``;
+      a subclass whose n steps cost less than n calls overrides it (a bound splitting), and
+      ``compile=True`` replaces both by compiled versions (``torchgeo_int._compile``);
+    * ``writes_out``: whether ``steps(..., out=(q_row, p_row))`` writes its final state into
+      those tensors (a rollout's output rows: no copy afterwards).
+
+    ``Stepper(system, step)`` binds a step function (``integrator.step``, or any callable with
+    its signature); subclasses define ``step`` as a method instead."""
+
+    writes_out = False
+
+    def __init__(self, system, step=None):
+        self.system = system
+        if step is not None:
+            self.step = step
+
+    def step(self, system, q, p, t, h, cache=None):
+        raise NotImplementedError
+
+    def __call__(self, system, q, p, t, h, cache=None):
+        return self.step(system, q, p, t, h, cache)
+
+    def steps(self, q, p, t0, h, n, cache=None, *, start=0, out=None):
+        step, system = self.step, self.system
+        j = start
+        try:
+            for j in range(start, start + n):
+                q, p, cache = step(system, q, p, t0 + j * h, h, cache)
+        except ConvergenceError as err:
+            raise err.with_step(j) from None
+        return q, p, cache
+
+
+def as_stepper(step, system) -> Stepper:
+    """``step`` itself when it is a :class:`Stepper`, else the step function bound to
+    ``system`` (a caller's own function, e.g. a wrapper that counts calls)."""
+    return step if isinstance(step, Stepper) else Stepper(system, step)
 
 
 class ImplicitIntegrator(Integrator):
@@ -144,10 +192,10 @@ def _split_steps(pairs, last, velocity, force_term, q, p, t, h, force, timed=Tru
     return q, p, force
 
 
-def splitting_step(kicks, drifts, system):
+def splitting_step(kicks, drifts, system) -> Stepper:
     """``run_splitting`` bound to one system: same operations in the same order (so the same
     result, bit for bit), with ∂T/∂p and the force term fetched once and, for a time-independent
-    system, called without t, n steps at a time (``step.run``)."""
+    system, called without t (a :class:`SplittingStepper`)."""
     pairs, last = _signed(kicks, drifts, system.force_sign)
     halves = system.halves()
     if halves is None:
@@ -155,23 +203,31 @@ def splitting_step(kicks, drifts, system):
 
         def step(_system, q, p, t, h, force=None):
             return _split_steps(pairs, last, velocity, force_term, q, p, t, h, force)
-        return step
+        return Stepper(system, step)
+    return SplittingStepper(system, pairs, last, *halves)
 
-    velocity, force_term = halves
 
-    def run(q, p, h, n, force=None, out=None):
-        """n steps of h (the system ignores t): the loop of a hand-written integrator; ``out``:
-        where the last step writes its state (see ``_split_steps``)."""
+class SplittingStepper(Stepper):
+    """A kick/drift sequence on a system that ignores t: ``steps`` is the loop of a
+    hand-written integrator (the system's halves called without t) and writes its last state
+    into ``out`` (see ``_split_steps``); ``step`` is ``steps`` with n = 1."""
+
+    writes_out = True
+
+    def __init__(self, system, pairs, last, velocity, force_term):
+        super().__init__(system)
+        self.pairs, self.last, self.velocity, self.force_term = pairs, last, velocity, force_term
+
+    def steps(self, q, p, t0, h, n, cache=None, *, start=0, out=None):
+        pairs, last, velocity, force_term, force = (self.pairs, self.last, self.velocity,
+                                                    self.force_term, cache)
         for i in range(n):
             q, p, force = _split_steps(pairs, last, velocity, force_term, q, p, 0.0, h, force,
                                        False, out if i == n - 1 else None)
         return q, p, force
 
-    def step(_system, q, p, t, h, force=None):
-        return run(q, p, h, 1, force)
-    run.writes_out = True
-    step.run = run     # rollout's loop takes stretches of steps in one call
-    return step
+    def step(self, system, q, p, t, h, cache=None):
+        return self.steps(q, p, t, h, 1, cache)
 
 
 def run_splitting(kicks, drifts, system, q, p, t, h, force=None):

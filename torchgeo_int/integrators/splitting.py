@@ -51,7 +51,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from .base import Integrator, explicit_splitting, run_splitting, splitting_step
+from .base import Integrator, Stepper, explicit_splitting, run_splitting, splitting_step
 from .composition import Composition, merge_flows
 
 #: Degree of the matrix series: orders ≤ MAX_DEGREE − 1 are certified (see module docstring).
@@ -453,33 +453,37 @@ class ProcessedSplitting(Integrator):
         return q1, p1, (q1, p1, qk, pk, force, h)
 
     def bind(self, system):
-        """The kernel's bound loop (``splitting_step``), n steps per call, with π⁻¹ / π around."""
+        """The kernel's bound stepper (``splitting_step``), n steps per call, with π⁻¹ / π
+        around: a :class:`_ProcessedStepper`."""
         self._check(system)
-        kernel = splitting_step(*self.kernel.splitting(), system)
-        krun = getattr(kernel, "run", None)
-
-        def run(q, p, h, n, cache=None):
-            if cache is not None and cache[0] is q and cache[1] is p and cache[5] == h:
-                qk, pk, force = cache[2], cache[3], cache[4]
-            else:
-                (qk, pk), force = self.preprocess(system, q, p, h), None
-            if krun is not None:
-                qk, pk, force = krun(qk, pk, h, n, force)
-            else:
-                for _ in range(n):
-                    qk, pk, force = kernel(system, qk, pk, 0.0, h, force)
-            q1, p1 = self.postprocess(system, qk, pk, h)
-            return q1, p1, (q1, p1, qk, pk, force, h)
-
-        def step(_system, q, p, t, h, cache=None):
-            return run(q, p, h, 1, cache)
-        step.run = run
-        return step
+        return _ProcessedStepper(self, system, splitting_step(*self.kernel.splitting(), system))
 
     def adjoint(self):
         """ψ*_h = ψ_{−h}⁻¹ = π_{−h} ∘ K*_h ∘ π_{−h}⁻¹: the adjoint kernel, the processor at −h."""
         return ProcessedSplitting(self.kernel.adjoint(), [(k, -c) for k, c in self.processor],
                                   order=self.order, name=f"{self.name}_adjoint")
+
+
+class _ProcessedStepper(Stepper):
+    """ψ_h^n = π_h ∘ K_h^n ∘ π_h⁻¹: the kernel stepper's ``steps(n)`` between one pre- and one
+    postprocessing; the cache (as :meth:`ProcessedSplitting.step`'s) lets the next call continue
+    from the kernel's own state when it is handed back the state this one returned."""
+
+    def __init__(self, method, system, kernel):
+        super().__init__(system)
+        self.method, self.kernel = method, kernel
+
+    def steps(self, q, p, t0, h, n, cache=None, *, start=0, out=None):
+        if cache is not None and cache[0] is q and cache[1] is p and cache[5] == h:
+            qk, pk, force = cache[2], cache[3], cache[4]
+        else:
+            (qk, pk), force = self.method.preprocess(self.system, q, p, h), None
+        qk, pk, force = self.kernel.steps(qk, pk, t0, h, n, force, start=start)
+        q1, p1 = self.method.postprocess(self.system, qk, pk, h)
+        return q1, p1, (q1, p1, qk, pk, force, h)
+
+    def step(self, system, q, p, t, h, cache=None):
+        return self.steps(q, p, t, h, 1, cache)
 
 
 def _scaled(table, h):

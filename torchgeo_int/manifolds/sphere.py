@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ..integrators.base import ImplicitIntegrator
+from ..integrators.base import ImplicitIntegrator, Stepper
 from ..maps import DiscretizationMap, check_alpha
 from ..solvers import SolveOptions
 
@@ -199,7 +199,7 @@ class SphereODEIntegrator(ImplicitIntegrator):
                 self.check_state(system, x, p)
                 checked = True
             return self.step(system, x, p, t, h, cache)
-        return step
+        return Stepper(system, step)
 
     def step(self, system, x, p=None, t=0.0, h=0.01, cache=None):
         if p is not None:
