@@ -309,9 +309,11 @@ def geometric_odeint(func, y0, t, *, rtol, atol, method, options, event_fn):
         return state.assemble(X)
 
     # An explicit splitting of a separable func solves nothing per sample: the state keeps the
-    # user's shapes (no reshapes around every call of func).
+    # user's shapes (no reshapes around every call of func).  Not for a flat y0 under
+    # options['adaptive'], whose step sizes are per sample of the (*batch, n) layout.
     natural = (func is not None and options.get("hamiltonian") is None
-               and options.get("separable") is True and integrator.splitting() is not None)
+               and options.get("separable") is True and integrator.splitting() is not None
+               and (isinstance(y0, tuple) or "adaptive" not in options))
     state = PartitionedState(y0, options.get("split"), batch_dims, natural=natural)
     system = system_for(compile, kind, func, options, state, y0, caller,
                          lambda: partitioned_system(func, caller, state, options))
