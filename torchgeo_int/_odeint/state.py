@@ -3,6 +3,7 @@ once, the flat and partitioned layouts, the two System subclasses, and the cache
 built for compiled calls."""
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -40,6 +41,8 @@ class UserFunc:
             tt = torch.from_numpy(np.array(t, dtype=self.np_dtype))
         else:
             tt = torch.full((), t, dtype=self.dtype, device=self.device)
+        if self.window is None and self.time_map is None and (not self.grad or torch.is_grad_enabled()):
+            return self.func(tt, y)   # the usual call, without the frames below
         if self.window is not None:
             tt = perturbed(tt, self.window)
         if self.time_map is not None:
@@ -159,7 +162,7 @@ class PartitionedState:
     def field(self, caller, func, t, qi, pi, part=None):
         """(dq, dp) of func at (qi, pi); ``part`` 0 or 1: dq or dp alone (a kick or a drift of
         a separable field uses one half: the other is neither sliced, checked nor reshaped)."""
-        q, p = self.user(qi, pi)
+        q, p = (qi, pi) if self.natural else self.user(qi, pi)
         if self.is_tuple:
             out = caller(t, (q, p))
             if not isinstance(out, (tuple, list)) or len(out) != 2:
@@ -221,6 +224,9 @@ class PartitionedSystem(VectorFieldSystem):
             return super().force(q, t)
         return self.half(t, q, self._zeros_for(q, 1), 1)
 
+    def force_term(self, q, t=0.0):   # = force (force_sign 1), a frame less for each kick
+        return self.force(q, t) if not self.separable else self.half(t, q, self._zeros_for(q, 1), 1)
+
 
 class EnergySystem(Hamiltonian):
     """X_H of the user's H(q, p); separable: ∂H/∂p at q = 0 and ∂H/∂q at p = 0, each by
@@ -265,7 +271,7 @@ def partitioned_system(func, caller, state, options):
     system = PartitionedSystem(lambda t, qi, pi: state.field(caller, func, t, qi, pi), separable,
                                state.nq, state.np,
                                (state.q_shape, state.p_shape) if state.natural else None,
-                               lambda t, qi, pi, i: state.field(caller, func, t, qi, pi, i))
+                               functools.partial(state.field, caller, func))
     register_module(system, "user_func", func)
     return system
 
