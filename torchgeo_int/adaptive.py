@@ -59,7 +59,7 @@ the step sequence is a deterministic function of a segment's start (q, p, ρ, t)
 ``"reversible"``: the map Ψ_ε on (q, p, ρ, t) is symmetric, so the backward pass reconstructs
 each node by Ψ_{−ε} from the final one and takes a vector–Jacobian product of Ψ_ε there (graph
 memory O(1) in the steps).  The three agree to round-off in the tests.  The odeint option takes
-backprop only.  The time transformations support every mode of ``rollout`` (``"backprop"``,
+the same three (``options["grad"]``).  The time transformations support every mode of ``rollout`` (``"backprop"``,
 ``"checkpoint"``, and ``"reversible"`` with a symmetric method).
 
 Size: one module because the three remedies share the step-size density σ, the rescaled system
@@ -123,6 +123,8 @@ def _method(method):
 
 # -- the step-size control ------------------------------------------------------------------------
 def _n_positional(fn) -> int:
+    if isinstance(fn, torch.nn.Module):   # its __call__ takes *args: the arity is forward's
+        fn = fn.forward
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
@@ -882,11 +884,13 @@ def time_transformed_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, step
 ODEINT_OPTIONS = ("adaptive", "control", "h_min", "max_steps", "form")
 
 
-def odeint_adaptive(integrator, system, state, times, options, step_size):
+def odeint_adaptive(integrator, system, state, times, options, step_size, grad="backprop",
+                    grad_options=None):
     """``odeint(..., options=dict(adaptive="reversible", step_size=ε, control=σ))``: reversible
     variable steps of fictive size ε from t[0] until every sample passes t[-1], then the states
     at t by dense output (t[0] is the initial state itself).  ``control``: σ(q) or σ(q, p) on the
-    user's shapes (batch dims leading), or a :class:`StepControl`; default |q|^{3/2}."""
+    user's shapes (batch dims leading), or a :class:`StepControl`; default |q|^{3/2}.
+    ``grad``, ``grad_options``: odeint's parsed grad options, passed to :func:`adaptive_rollout`."""
     if options["adaptive"] != "reversible":
         raise ValueError(f"options['adaptive'] must be 'reversible', got {options['adaptive']!r} "
                          "(time transformations: tgi.time_transformed_rollout)")
@@ -918,7 +922,7 @@ def odeint_adaptive(integrator, system, state, times, options, step_size):
     direction = 1.0 if times[-1] > times[0] else -1.0
     traj = adaptive_rollout(system, state.q0, state.p0, eps=direction * step_size, control=control,
                             until=times[-1], method=integrator, t0=times[0], h_min=float(h_min),
-                            max_steps=int(max_steps), form=form)
+                            max_steps=int(max_steps), form=form, grad=grad, **(grad_options or {}))
     tt = torch.tensor(times[1:], dtype=state.q0.dtype, device=state.q0.device)
     Q, P = traj.at(tt)
     return torch.cat([state.q0.unsqueeze(0), Q]), torch.cat([state.p0.unsqueeze(0), P])

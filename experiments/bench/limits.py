@@ -32,7 +32,9 @@ Sections besides the table (``--sections``):
   same model on the same batch (all 11 states of each window);
 * ``odeint``: ``tgi.odeint(func, (q0, p0), t, method="verlet", options=dict(separable=True,
   step_size=h))`` with an analytic ``func`` against a hand loop that calls the same ``func``
-  twice a step (the same evaluations), B = 4096, final state only;
+  twice a step (the same evaluations), B = 4096, final state only; and torchdiffeq's style,
+  ``func(t, y)`` on y (B, 4) with 101 output times, verlet and yoshida4, B = 64 and 4096,
+  against a hand loop of the same splitting and func calls keeping y at every output time;
 * ``midpoint``: ``implicit_midpoint`` (B = 256, every state kept), eager and ``compile=True``,
   against a per-trajectory numba fixed-point loop (same tolerance, convergence checked every
   iteration, warm start from the last stage derivative);
@@ -444,6 +446,58 @@ def odeint_vs_hand(args):
     return batch, steps, res
 
 
+def kepler_y_field(t, y):
+    """torchdiffeq's style: one tensor y = (q, p) along the last dim, dy returned whole."""
+    q, p = y[..., :2], y[..., 2:]
+    return torch.cat([p, -grad_V(q)], -1)
+
+
+def odeint_flat_vs_hand(args):
+    """Rows of ``tgi.odeint(kepler_y_field, y0, t, method, options=dict(separable=True,
+    step_size=h))`` with y0 (B, 4) and 101 output times, against a hand loop of the same
+    splitting that calls the same func on the full state as often (FSAL) and keeps y at every
+    output time."""
+    out, n_out = [], 101
+    for batch in ([256] if args.quick else [64, 4096]):
+        _, q0, p0 = kepler_batch(batch)
+        for method in ("verlet", "yoshida4"):
+            kicks, drifts = tgi.METHODS[method].splitting()
+            per = 1 if args.quick else (20 if batch == 64 else 4) // (1 + (method != "verlet"))
+            t = torch.linspace(0.0, (n_out - 1) * per * H, n_out, dtype=q0.dtype)
+
+            def hand(q, p, _n, kicks=kicks, drifts=drifts, per=per):
+                t0 = torch.zeros((), dtype=q.dtype)
+                ys = [torch.cat([q, p], -1)]
+                force = kepler_y_field(t0, torch.cat([q, p], -1))[..., 2:]
+                for _ in range(n_out - 1):
+                    for _ in range(per):
+                        for j, b in enumerate(drifts):
+                            if j > 0:
+                                force = kepler_y_field(t0, torch.cat([q, p], -1))[..., 2:]
+                            p = torch.add(p, force, alpha=kicks[j] * H)
+                            q = torch.add(q, kepler_y_field(t0, torch.cat([q, p], -1))[..., :2],
+                                          alpha=b * H)
+                        force = kepler_y_field(t0, torch.cat([q, p], -1))[..., 2:]
+                        p = torch.add(p, force, alpha=kicks[-1] * H)
+                    ys.append(torch.cat([q, p], -1))
+                y = torch.stack(ys)
+                return y[..., :2], y[..., 2:]
+
+            def ode(q, p, _n, method=method, t=t):
+                y = tgi.odeint(kepler_y_field, torch.cat([q, p], -1), t, method=method,
+                               options=dict(separable=True, step_size=H))
+                return y[..., :2], y[..., 2:]
+
+            res = side_by_side({"hand": (hand, True), "odeint": (ode, True)}, q0, p0,
+                               (n_out - 1) * per, 2 if args.quick else 7, every=False)
+            out.append(dict(config=f"{method}, B = {batch}", steps=(n_out - 1) * per,
+                            hand_ms=1e3 * res["hand"]["seconds"],
+                            odeint_ms=1e3 * res["odeint"]["seconds"],
+                            ratio=res["odeint"]["seconds"] / res["hand"]["seconds"],
+                            max_diff=res["odeint"]["max_diff"]))
+    return out
+
+
 def midpoint(args):
     batch, steps = (16, 16) if args.quick else (256, 500)
     system, q0, p0 = kepler_batch(batch)
@@ -547,6 +601,12 @@ def main(argv=None):
         md = (f"Kepler, B = {batch}, {steps} steps of h = {H}, final state only, float64: "
               f"hand loop {1e3 * hand['seconds']:.1f} ms, odeint {1e3 * ode['seconds']:.1f} ms, "
               f"ratio **{ode['seconds'] / hand['seconds']:.3f}** (max |Δ| {ode['max_diff']:.1e}).")
+        flat = odeint_flat_vs_hand(args)
+        data["odeint"]["flat"] = flat
+        md += ("\n\ntorchdiffeq's style, `func(t, y)` on y (B, 4), 101 output times, "
+               "`separable=True`, every output kept, float64:\n\n" + common.markdown_table(flat, [
+                   ("config", "method, batch"), ("steps", "steps"), ("hand_ms", "hand loop ms"),
+                   ("odeint_ms", "odeint ms"), ("ratio", "ratio"), ("max_diff", "max |Δ|")]))
         sections.append(("odeint vs the same-evaluations hand loop", md))
         print(md)
     if "midpoint" in args.sections:

@@ -49,7 +49,10 @@ steps of physical size ≈ ε σ(q, p) (``options["control"]`` = σ, a callable 
 the shapes of q0, p0 returning the batch shape; default |q|^{3/2}; ``form`` "log" | "additive";
 ``h_min``; ``max_steps``) with a symmetric method, each sample of the batch in its own time,
 until all pass t[-1]; the outputs at t are cubic Hermite dense output of those steps (not on the
-symplectic trajectory, and the step sequence does not depend on t).  grad="backprop" only.
+symplectic trajectory, and the step sequence does not depend on t).  Every ``grad`` mode
+applies, as in ``tgi.rollout(..., step_control=σ, grad=...)`` (the parameters of a ``control``
+that is an ``nn.Module`` are differentiated with func's); ``compile``, ``event_fn``,
+``perturb``, ``func.callback_step`` and a ``t`` that requires grad are refused.
 func then receives t as a tensor of the per-sample times, of the batch shape (0-d when
 ``batch_dims`` = 0).
 
@@ -306,9 +309,11 @@ def geometric_odeint(func, y0, t, *, rtol, atol, method, options, event_fn):
         return state.assemble(X)
 
     # An explicit splitting of a separable func solves nothing per sample: the state keeps the
-    # user's shapes (no reshapes around every call of func).
+    # user's shapes (no reshapes around every call of func).  Not for a flat y0 under
+    # options['adaptive'], whose step sizes are per sample of the (*batch, n) layout.
     natural = (func is not None and options.get("hamiltonian") is None
-               and options.get("separable") is True and integrator.splitting() is not None)
+               and options.get("separable") is True and integrator.splitting() is not None
+               and (isinstance(y0, tuple) or "adaptive" not in options))
     state = PartitionedState(y0, options.get("split"), batch_dims, natural=natural)
     system = system_for(compile, kind, func, options, state, y0, caller,
                          lambda: partitioned_system(func, caller, state, options))
@@ -317,9 +322,17 @@ def geometric_odeint(func, y0, t, *, rtol, atol, method, options, event_fn):
         raise ValueError(reversible_refusal(integrator, why))
     run["to_user"] = state.assemble
     if "adaptive" in options:   # reversible variable steps + dense output (torchgeo_int.adaptive)
-        if grad != "backprop" or compile or event_fn is not None:
-            raise ValueError("options['adaptive'] supports grad='backprop' without compile or event_fn only")
-        return state.assemble(*odeint_adaptive(integrator, system, state, times, options, step_size))
+        # The variable steps are adaptive_rollout's own loop (every grad mode of rollout), not
+        # solve's: the compiled stepper and torchdiffeq's per-step hooks do not reach it.
+        refused = hooked + (["options['compile']"] if compile else [])
+        if refused:
+            raise ValueError(f"options['adaptive'] takes grad='backprop' | 'checkpoint' | "
+                             f"'reversible' but not {' or '.join(refused)}")
+        # a control that is an nn.Module (or a method of one): the lean modes differentiate its
+        # parameters as they do func's (odeint_adaptive wraps it in a closure)
+        register_module(system, "user_control", options.get("control"))
+        return state.assemble(*odeint_adaptive(integrator, system, state, times, options,
+                                               step_size, grad, grad_options))
     if event_fn is not None:
         return _event(integrator, system, (state.q0, state.p0), y0, t, times, step_size, event_fn,
                       atol, interp, lambda tt, q, p: system.vector_field(q, p, tt), run)

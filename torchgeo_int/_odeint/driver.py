@@ -68,6 +68,8 @@ def integrate(integrator, system, states, times, step_size, t_dtype, grad="backp
         q, p = res[0][-1], (res[1][-1] if len(states) > 1 else None)
     if bar is not None:
         bar.close()
+    if len(groups) == 1:   # one run: its frames are already the whole output (no copy)
+        return tuple(res)
     return tuple(torch.cat(o) for o in outs)
 
 

@@ -3,8 +3,10 @@ once, the flat and partitioned layouts, the two System subclasses, and the cache
 built for compiled calls."""
 from __future__ import annotations
 
+import functools
 import math
 
+import numpy as np
 import torch
 
 from .._cache import IdentityCache
@@ -22,6 +24,11 @@ class UserFunc:
         self.func, self.dtype, self.device, self.grad = func, dtype, device, grad
         self.window = None      # (start, end) of the step being taken, under options['perturb']
         self.time_map = None    # a contract.TimeMap, when t requires grad
+        # Every call of func needs a fresh 0-d t: on the CPU a numpy scalar array wrapped
+        # without a copy costs a third of torch.full's dispatch (the same value: one IEEE
+        # rounding of the float to dtype), which at small batches is a tenth of a step
+        self.np_dtype = (None if torch.device(device).type != "cpu" else
+                         {torch.float64: np.float64, torch.float32: np.float32}.get(dtype))
 
     def scale(self, out):
         """out multiplied by the time map's c (the field of a rescaled step; contract.TimeMap)."""
@@ -30,8 +37,12 @@ class UserFunc:
     def __call__(self, t, y):
         if isinstance(t, torch.Tensor):   # (compiled graphs pass t as a tensor)
             tt = t.to(self.dtype)
+        elif self.np_dtype is not None:
+            tt = torch.from_numpy(np.array(t, dtype=self.np_dtype))
         else:
             tt = torch.full((), t, dtype=self.dtype, device=self.device)
+        if self.window is None and self.time_map is None and (not self.grad or torch.is_grad_enabled()):
+            return self.func(tt, y)   # the usual call, without the frames below
         if self.window is not None:
             tt = perturbed(tt, self.window)
         if self.time_map is not None:
@@ -102,8 +113,9 @@ class PartitionedState:
 
     def __init__(self, y0, split, batch_dims, natural=False):
         self.is_tuple = isinstance(y0, tuple)
-        # natural: (q, p) kept in the user's shapes (no reshapes around each call of func)
-        self.natural = natural and self.is_tuple
+        # natural: (q, p) kept in the user's shapes — the parts of a tuple, the halves of a
+        # tensor along its last dim — so no reshapes around each call of func
+        self.natural = natural
         if self.is_tuple:
             if len(y0) != 2:
                 raise ValueError(f"a partitioned method needs y0 = (q0, p0) or a tensor to split, "
@@ -147,16 +159,25 @@ class PartitionedState:
         lead = qi.shape[:qi.dim() - 1 - len(self.batch)]
         return qi.reshape((*lead, *self.q_shape)), pi.reshape((*lead, *self.p_shape))
 
-    def field(self, caller, func, t, qi, pi):
-        q, p = self.user(qi, pi)
+    def field(self, caller, func, t, qi, pi, part=None):
+        """(dq, dp) of func at (qi, pi); ``part`` 0 or 1: dq or dp alone (a kick or a drift of
+        a separable field uses one half: the other is neither sliced, checked nor reshaped)."""
+        q, p = (qi, pi) if self.natural else self.user(qi, pi)
         if self.is_tuple:
             out = caller(t, (q, p))
             if not isinstance(out, (tuple, list)) or len(out) != 2:
                 raise TypeError("func must return a pair (dq, dp) for y0 = (q0, p0)")
             dq, dp = out
         else:
+            # the output's shape is checked whole: its halves then have q's and p's shapes
             dy = check_out(caller(t, torch.cat([q, p], -1)), self.y_shape, "func")
+            if part is not None:
+                d = dy[..., :self.split] if part == 0 else dy[..., self.split:]
+                return d if self.natural else d.reshape((qi, pi)[part].shape)
             dq, dp = dy[..., :self.split], dy[..., self.split:]
+        if part is not None:
+            d = check_out((dq, dp)[part], (q, p)[part].shape, "func")
+            return d if self.natural else d.reshape((qi, pi)[part].shape)
         dq, dp = check_out(dq, q.shape, "func"), check_out(dp, p.shape, "func")
         if self.natural:
             return dq, dp
@@ -173,22 +194,38 @@ class PartitionedSystem(VectorFieldSystem):
 
     tensor_time = True   # func takes t as a tensor anyway (torch.compile keeps it so)
 
-    def __init__(self, f, separable, nq, np_, shapes=None):
+    def __init__(self, f, separable, nq, np_, shapes=None, half=None):
         super().__init__(f, separable=separable)
         self.nq, self.np_ = nq, np_
         self.shapes = shapes        # (q, p) shapes when the state keeps the user's shapes
+        self.half = half            # half(t, q, p, i): part i of f's output alone
+        self._zeros = {}
+
+    def _zeros_for(self, like, i):
+        """The zeros func sees as the unused half: one tensor per shape, reused from step to
+        step (a kick or drift otherwise allocates and fills one per call of func); made anew
+        while torch.compile traces (a kept tensor would become a graph constant)."""
+        key = (i, like.shape)   # one system per dtype and device (odeint's call, or system_for)
+        z = self._zeros.get(key)
+        if z is None or torch.compiler.is_compiling():
+            shape = self.shapes[i] if self.shapes else (*like.shape[:-1], (self.nq, self.np_)[i])
+            z = like.new_zeros(shape)
+            if not torch.compiler.is_compiling():
+                self._zeros[key] = z
+        return z
 
     def velocity(self, p, t=0.0):
         if not self.separable:
             return super().velocity(p, t)
-        zq = p.new_zeros(self.shapes[0] if self.shapes else (*p.shape[:-1], self.nq))
-        return self.f(t, zq, p)[0]
+        return self.half(t, self._zeros_for(p, 0), p, 0)
 
     def force(self, q, t=0.0):
         if not self.separable:
             return super().force(q, t)
-        zp = q.new_zeros(self.shapes[1] if self.shapes else (*q.shape[:-1], self.np_))
-        return self.f(t, q, zp)[1]
+        return self.half(t, q, self._zeros_for(q, 1), 1)
+
+    def force_term(self, q, t=0.0):   # = force (force_sign 1), a frame less for each kick
+        return self.force(q, t) if not self.separable else self.half(t, q, self._zeros_for(q, 1), 1)
 
 
 class EnergySystem(Hamiltonian):
@@ -233,7 +270,8 @@ def partitioned_system(func, caller, state, options):
         raise TypeError("func must be callable (or pass options['hamiltonian'] with func=None)")
     system = PartitionedSystem(lambda t, qi, pi: state.field(caller, func, t, qi, pi), separable,
                                state.nq, state.np,
-                               (state.q_shape, state.p_shape) if state.natural else None)
+                               (state.q_shape, state.p_shape) if state.natural else None,
+                               functools.partial(state.field, caller, func))
     register_module(system, "user_func", func)
     return system
 
@@ -261,6 +299,7 @@ def system_for(compile, kind, func, options, state, y0, caller, build):
     H = options.get("hamiltonian")
     extra = (kind, options.get("separable", False), options.get("split"),
              options.get("batch_dims", 0), isinstance(y0, tuple), tuple(c.shape for c in parts),
+             getattr(state, "natural", False),   # the layout its closures were built for
              caller.dtype, caller.device, caller.grad)
     hit = _SYSTEMS.get((func, H), extra)
     if hit is not None:
