@@ -78,7 +78,7 @@ import torch
 
 from ._validate import check_finite, check_pair
 from .integrators import METHODS, TABLES, Composition, get_method
-from .gradients import SegmentFunction
+from .gradients import SegmentFunction, check_reconstruction, reverse_sweep
 from .integrators.base import explicit_splitting
 from .solvers import ConvergenceError, default_tol
 from .systems import Hamiltonian, SeparableHamiltonian, System, grad_of
@@ -523,32 +523,20 @@ class _ReversibleSteps(torch.autograd.Function):
         if isinstance(tol, tuple):
             tol = max(tol[0], ctx.n * tol[1])
         q0, p0, rho0, t0, *x = ctx.saved_tensors
-        params = ctx.params
-        g = [gf[-1].clone() for gf in gframes]              # the last frame is the final node
-        gparams = [torch.zeros_like(w) for w in params]
         with torch.no_grad():
             G = vs.rate(x[0], x[1], x[3])
         back = s_old = None   # the −ε steps' own FSAL chain
-        for k in range(ctx.n - 1, -1, -1):
-            with torch.no_grad():
-                *x, G, back, s_old, _ = vs(*x, G, (k + 1) * eps, -eps, back, s_old)
-            with torch.enable_grad():
-                xi = [y.detach().requires_grad_() for y in x]
-                out = vs(*xi, vs.rate(xi[0], xi[1], xi[3]), k * eps, eps)[:4]
-                grads = torch.autograd.grad(out, (*xi, *params), g, allow_unused=True)
-            g = [gi if gi is not None else torch.zeros_like(y) for gi, y in zip(grads[:4], x)]
-            for i, gw in enumerate(grads[4:]):
-                if gw is not None:
-                    gparams[i] += gw
-            if k % save_every == 0:
-                g = [gi + gf[k // save_every] for gi, gf in zip(g, gframes)]
-        scale = float(torch.maximum(q0.abs().max(), p0.abs().max())) + 1.0
-        err = max(float((a - b).abs().max()) for a, b in zip(x[:2], (q0, p0))) / scale
-        if err > tol:
-            warnings.warn(f"grad='reversible': the backward reconstruction of the initial state is "
-                          f"off by {err:.2e} (relative) after {ctx.n} variable steps, above "
-                          f"{tol:.1e}; the gradient is no more accurate than that. Use "
-                          "grad='checkpoint' for exact gradients.", RuntimeWarning, stacklevel=2)
+
+        def inverse(k, x):                          # x_k = Ψ_{−ε}(x_{k+1}), G its rate
+            nonlocal G, back, s_old
+            *x, G, back, s_old, _ = vs(*x, G, (k + 1) * eps, -eps, back, s_old)
+            return x
+
+        def forward(k, x):
+            return vs(*x, vs.rate(x[0], x[1], x[3]), k * eps, eps)[:4]
+
+        x, g, gparams = reverse_sweep(ctx.n, x, gframes, ctx.params, save_every, inverse, forward)
+        check_reconstruction(x, (q0, p0), tol, f"{ctx.n} variable steps")
         return (None, *g, *gparams)
 
 

@@ -368,32 +368,55 @@ class _Reversible(torch.autograd.Function):
     def backward(ctx, gqs, gps):
         step, system, h, steps, t0, save_every, check_every, tol, _, _ = ctx.spec
         q0, p0, qN, pN = ctx.saved_tensors
-        params = ctx.params
-        gq, gp = gqs[-1].clone(), gps[-1].clone()     # the last frame is the final state
-        gparams = [torch.zeros_like(w) for w in params]
-        q, p = qN, pN
         back = None   # the −h steps' own cache (FSAL force, warm start) carries from step to step
-        for k in range(steps - 1, -1, -1):
-            t = t0 + k * h
-            with torch.no_grad():
-                q, p, back = step(system, q, p, t + h, -h, back)     # x_k = Φ_{−h}(x_{k+1})
-            with torch.enable_grad():
-                qi, pi = q.detach().requires_grad_(), p.detach().requires_grad_()
-                q1, p1, _ = step(system, qi, pi, t, h, None)
-                grads = torch.autograd.grad((q1, p1), (qi, pi, *params), (gq, gp),
-                                            allow_unused=True)
-            gq, gp = grads[0], grads[1]
-            for i, g in enumerate(grads[2:]):
-                if g is not None:
-                    gparams[i] += g
-            if k % save_every == 0:
-                gq = gq + gqs[k // save_every]
-                gp = gp + gps[k // save_every]
-        scale = float(torch.maximum(q0.abs().max(), p0.abs().max())) + 1.0
-        err = float(torch.maximum((q - q0).abs().max(), (p - p0).abs().max())) / scale
-        if err > tol:
-            warnings.warn(f"grad='reversible': the backward reconstruction of x₀ is off by {err:.2e} "
-                          f"(relative) after {steps} steps, above {tol:.1e}; the gradient is no more "
-                          "accurate than that. Use grad='checkpoint' for exact gradients.",
-                          RuntimeWarning, stacklevel=2)
+
+        def inverse(k, x):                                          # x_k = Φ_{−h}(x_{k+1})
+            nonlocal back
+            q, p, back = step(system, *x, t0 + k * h + h, -h, back)
+            return [q, p]
+
+        def forward(k, x):
+            return step(system, *x, t0 + k * h, h, None)[:2]
+
+        x, (gq, gp), gparams = reverse_sweep(steps, [qN, pN], (gqs, gps), ctx.params, save_every,
+                                             inverse, forward)
+        check_reconstruction(x, (q0, p0), tol, f"{steps} steps")
         return (None, gq, gp, *gparams)
+
+
+def reverse_sweep(n, x, gframes, params, save_every, inverse, forward):
+    """The backward pass of a reversible run of ``n`` steps, from its final state ``x`` (a list
+    of tensors): for k = n − 1 … 0, x_k = ``inverse(k, x_{k+1})`` without a graph, then the
+    vector–Jacobian product of ``forward(k, x_k)`` (the step's outputs, like x) with the running
+    cotangent; the cotangents of the saved frames (``gframes``: one stacked tensor per state,
+    a frame every ``save_every`` steps, the last one the final state) are added where they were
+    saved.  Returns the reconstructed x_0, its cotangent and those of ``params``."""
+    g = [gf[-1].clone() for gf in gframes]
+    gparams = [torch.zeros_like(w) for w in params]
+    m = len(x)
+    for k in range(n - 1, -1, -1):
+        with torch.no_grad():
+            x = inverse(k, x)
+        with torch.enable_grad():
+            xi = [y.detach().requires_grad_() for y in x]
+            grads = torch.autograd.grad(forward(k, xi), (*xi, *params), g, allow_unused=True)
+        g = [gi if gi is not None else torch.zeros_like(y) for gi, y in zip(grads[:m], x)]
+        for i, gw in enumerate(grads[m:]):
+            if gw is not None:
+                gparams[i] += gw
+        if k % save_every == 0:
+            g = [gi + gf[k // save_every] for gi, gf in zip(g, gframes)]
+    return x, g, gparams
+
+
+def check_reconstruction(x, x0, tol, what):
+    """Warn when the reconstructed initial (q, p) (the first two of ``x``) is off from ``x0`` by
+    more than ``tol``, relative to the state's scale; ``what``: the run ("1000 steps")."""
+    q0, p0 = x0
+    scale = float(torch.maximum(q0.abs().max(), p0.abs().max())) + 1.0
+    err = max(float((a - b).abs().max()) for a, b in zip(x[:2], x0)) / scale
+    if err > tol:
+        warnings.warn(f"grad='reversible': the backward reconstruction of the initial state is off "
+                      f"by {err:.2e} (relative) after {what}, above {tol:.1e}; the gradient is no "
+                      "more accurate than that. Use grad='checkpoint' for exact gradients.",
+                      RuntimeWarning, stacklevel=3)
