@@ -56,9 +56,10 @@ def test_compiled_blocks_match_eager_with_tail_and_save_every():
     qe, pe = _loop(m.step, system, q0, p0, steps)
     qc, pc = _loop(step, system, q0, p0, steps)
     assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
+    # every fourth state: final-state blocks, another graph than the stacked one (round-off)
     q4, p4 = _loop(compiled_step(m, system, steps=steps, block=3), system, q0, p0, steps, 4)
-    assert torch.equal(q4[:-1], qc[::4]) and torch.equal(p4[:-1], pc[::4])
-    assert torch.equal(q4[-1], qc[-1]) and torch.equal(p4[-1], pc[-1])   # the final state
+    assert (q4[:-1] - qc[::4]).abs().max() < 1e-12 and (p4[:-1] - pc[::4]).abs().max() < 1e-12
+    assert (q4[-1] - qc[-1]).abs().max() < 1e-12 and (p4[-1] - pc[-1]).abs().max() < 1e-12
     # A caller that does not pass back the state it got drops the block and recomputes.
     q1, p1, cache = step(system, q0, p0, 0.0, 0.01, None)
     q2, p2, _ = step(system, q1.clone(), p1.clone(), 0.01, 0.01, cache)
@@ -248,3 +249,47 @@ def test_compiled_stepper_is_a_stepper_whose_steps_are_the_eager_ones():
         qc, pc, fc = step.steps(q0, p0, 0.0, 0.01, 10)
     assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
     assert (fc - fe).abs().max() < 1e-12
+
+
+def test_every_state_saved_in_whole_blocks(monkeypatch):
+    """save_every = 1: run_loop hands the compiled stepper a stretch up to the next check and its
+    rows; blocks of K = 3 write their stacked states there in one copy, the steps a stretch
+    does not fill with blocks (16 = 3·5 + 1, and the last ones of the rollout) run eagerly.
+    No per-step call of ``step``; the same states as eager to round-off, under no_grad and under
+    grad mode with nothing requiring grad (no graph: the outputs do not require grad)."""
+    system = kepler(separable=True, analytic=True)
+    m = tgi.METHODS["verlet"]
+    q0, p0 = _batch()
+    steps = 37
+    qe, pe = _loop(m.step, system, q0, p0, steps)
+    stepper = compiled_step(m, system, steps=steps, block=3)
+    calls = {"step": 0, "saves": 0}
+    step0, saves0 = stepper.step, stepper.saves
+    monkeypatch.setattr(stepper, "step", lambda *a, **k: (calls.__setitem__("step", calls["step"] + 1), step0(*a, **k))[1])
+    monkeypatch.setattr(stepper, "saves", lambda *a, **k: (calls.__setitem__("saves", calls["saves"] + 1), saves0(*a, **k))[1])
+    qc, pc = _loop(stepper, system, q0, p0, steps)
+    assert calls == {"step": 0, "saves": 3}        # stretches 16, 16, 5 (check_every = 16)
+    assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
+    with torch.enable_grad():
+        qg, pg = run_loop(compiled_step(m, system, steps=steps, block=3), q0, p0, system=system,
+                          h=0.01, steps=steps, t0=0.0, save_every=1, check_every=16)
+    assert not qg.requires_grad and torch.equal(qg, qc) and torch.equal(pg, pc)
+
+
+def test_every_state_saved_keeps_the_graph_of_a_captured_tensor():
+    """A force that reads a tensor requiring grad: the compiled stepper's ``saves`` declines
+    (it would write a graph into the buffers), run_loop steps as before, the gradient flows."""
+    k = torch.tensor(1.0, dtype=torch.float64, requires_grad=True)
+    system = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: 0.5 * k * (q * q).sum(-1),
+                                      kinetic_grad=lambda p: p, potential_grad=lambda q: k * q)
+    q0, p0 = _batch()
+    m = tgi.METHODS["verlet"]
+    stepper = compiled_step(m, system, steps=12, block=4)
+    q, p = run_loop(stepper, q0, p0, system=system, h=0.1, steps=12, t0=0.0, save_every=1,
+                    check_every=16)
+    qe, pe = run_loop(m.step, q0, p0, system=system, h=0.1, steps=12, t0=0.0, save_every=1,
+                      check_every=16)
+    assert q.requires_grad and (q - qe).abs().max() < 1e-12
+    g, = torch.autograd.grad(q[-1].sum(), k)
+    ge, = torch.autograd.grad(qe[-1].sum(), k)
+    assert torch.isfinite(g) and abs(g - ge) < 1e-10

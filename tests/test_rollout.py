@@ -239,3 +239,22 @@ def test_fixed_point_failure_names_newton_and_newton_solves_it():
         q, p = tgi.rollout(system, q0, p0, h=0.5, steps=5, method=newton)
     E = 0.5 * p ** 2 + 50.0 * q ** 2   # the midpoint rule keeps a quadratic H exactly
     assert torch.allclose(E, E[0], rtol=1e-12)
+
+
+def test_output_buffers_large_ones_on_huge_pages_same_values():
+    """Output rows of ≥ HUGE_BUFFER bytes come from numpy (huge pages on Linux), others from
+    torch; either way the dtype, shape, device and the rollout's values are the same."""
+    from torchgeo_int import _loop
+    for dtype in (torch.float64, torch.float32, torch.bfloat16, torch.complex64):
+        like = torch.zeros((), dtype=dtype)
+        small, big = _loop.output_buffer((3, 2), like), _loop.output_buffer((1 << 20, 2), like)
+        assert small.dtype == big.dtype == dtype and big.shape == (1 << 20, 2)
+    sys_ = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: 0.5 * (q * q).sum(-1))
+    q0 = torch.linspace(-1, 1, 4096, dtype=torch.float64)[:, None]
+    p0 = torch.zeros_like(q0)
+    with torch.no_grad():
+        q, p = tgi.rollout(sys_, q0, p0, h=0.1, steps=200, method="verlet")   # 6.6 MB each
+        assert q.numel() * 8 >= _loop.HUGE_BUFFER
+        qs, ps = tgi.rollout(sys_, q0[:8], p0[:8], h=0.1, steps=200, method="verlet")
+    assert torch.equal(q[:, :8], qs) and torch.equal(p[:, :8], ps)
+    assert q.is_contiguous() and q.shape == (201, 4096, 1)

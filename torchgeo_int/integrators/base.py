@@ -103,7 +103,13 @@ class Stepper:
       a subclass whose n steps cost less than n calls overrides it (a bound splitting), and
       ``compile=True`` replaces both by compiled versions (``torchgeo_int._compile``);
     * ``writes_out``: whether ``steps(..., out=(q_row, p_row))`` writes its final state into
-      those tensors (a rollout's output rows: no copy afterwards).
+      those tensors (a rollout's output rows: no copy afterwards);
+    * ``saves(q, p, t0, h, n, cache=None, *, start=0, rows=(Q, P)) -> (q, p, cache)``: the same
+      n steps with every state written, the state after step start + j + 1 into row j of Q and
+      P (``run_loop`` under ``torch.no_grad()`` with ``save_every=1``: one call per stretch).
+      By default ``steps(1)`` n times; ``compile=True`` writes whole compiled blocks at once.
+      It returns None, having done nothing, when it cannot run without a graph (the caller
+      then steps with ``steps``).
 
     ``Stepper(system, step)`` binds a step function (``integrator.step``, or any callable with
     its signature); subclasses define ``step`` as a method instead."""
@@ -120,6 +126,16 @@ class Stepper:
 
     def __call__(self, system, q, p, t, h, cache=None):
         return self.step(system, q, p, t, h, cache)
+
+    def saves(self, q, p, t0, h, n, cache=None, *, start=0, rows):
+        qs, ps = rows
+        for j in range(n):
+            if self.writes_out:
+                q, p, cache = self.steps(q, p, t0, h, 1, cache, start=start + j, out=(qs[j], ps[j]))
+            else:
+                q, p, cache = self.steps(q, p, t0, h, 1, cache, start=start + j)
+                qs[j], ps[j] = q, p
+        return q, p, cache
 
     def steps(self, q, p, t0, h, n, cache=None, *, start=0, out=None):
         step, system = self.step, self.system
