@@ -149,21 +149,56 @@ def _graphs():
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
-def test_compiled_implicit_midpoint_runs_and_says_so(monkeypatch):
+def test_compiled_implicit_midpoint_fuses_its_iterations_and_says_so():
+    """Fixed-point implicit midpoint under compile=True: the iterations between two checks run
+    as one compiled call (traced through X_H by autograd), compiled once for the whole rollout
+    (t and the state are its arguments, not baked in); the states equal eager's to round-off."""
     system = kepler(separable=False, analytic=False)   # X_H by autograd, traced
     q0, p0 = _batch()
     with torch.no_grad():
         qe, pe = tgi.rollout(system, q0, p0, h=0.02, steps=40, method="implicit_midpoint")
-        # a small state runs the eager step: nothing is compiled
         n = _graphs()
-        with pytest.warns(UserWarning, match="implicit_midpoint.*implicit.*vector field is compiled"):
-            qs, ps = tgi.rollout(system, q0, p0, h=0.02, steps=5, method="implicit_midpoint",
+        with pytest.warns(UserWarning, match="implicit_midpoint.*iterations between two convergence checks"):
+            qc, pc = tgi.rollout(system, q0, p0, h=0.02, steps=40, method="implicit_midpoint",
                                  compile=True)
+        assert 0 < _graphs() - n <= 2        # one graph (and at most one recompile for t)
+    assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
+    step = compiled_step(tgi.METHODS["implicit_midpoint"], system)
+    assert step.mode == "fused"
+
+
+def test_compiled_implicit_midpoint_gradients_and_errors():
+    """Under grad mode the fused forward iterations carry no graph; the one application that
+    does and the implicit adjoint run eagerly: the gradients equal eager's.  A step without a
+    solution still raises ConvergenceError naming its step."""
+    system = kepler(separable=False, analytic=False)
+    q0, p0 = _batch()
+    x = q0.clone().requires_grad_()
+    q, _ = tgi.rollout(system, x, p0, h=0.02, steps=10, method="implicit_midpoint", compile=True)
+    g, = torch.autograd.grad(q[-1].square().sum(), x)
+    xe = q0.clone().requires_grad_()
+    qe, _ = tgi.rollout(system, xe, p0, h=0.02, steps=10, method="implicit_midpoint")
+    ge, = torch.autograd.grad(qe[-1].square().sum(), xe)
+    assert (g - ge).abs().max() < 1e-10
+    with torch.no_grad(), pytest.raises(tgi.ConvergenceError, match="step"):
+        tgi.rollout(system, q0 * 0.05, p0, h=2.0, steps=5, method="implicit_midpoint", compile=True)
+
+
+def test_compiled_newton_midpoint_compiles_the_vector_field(monkeypatch):
+    """A Newton-solved implicit step keeps the compiled-vector-field path (for states of at
+    least FIELDS_MIN elements; smaller ones run the eager step, nothing compiled)."""
+    system = kepler(separable=False, analytic=False)
+    q0, p0 = _batch()
+    m = tgi.METHODS["implicit_midpoint"].with_options(solver="newton")
+    with torch.no_grad():
+        qe, pe = tgi.rollout(system, q0, p0, h=0.02, steps=40, method=m)
+        n = _graphs()
+        with pytest.warns(UserWarning, match="implicit.*vector field is compiled"):
+            qs, ps = tgi.rollout(system, q0, p0, h=0.02, steps=5, method=m, compile=True)
         assert _graphs() == n and torch.equal(qs, qe[:6])
         monkeypatch.setattr(_compile, "FIELDS_MIN", 1)  # now compile the field for 3 samples
         with pytest.warns(UserWarning, match="implicit"):
-            qc, pc = tgi.rollout(system, q0, p0, h=0.02, steps=40, method="implicit_midpoint",
-                                 compile=True)
+            qc, pc = tgi.rollout(system, q0, p0, h=0.02, steps=40, method=m, compile=True)
         assert _graphs() > n
     assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
 

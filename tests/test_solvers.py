@@ -487,3 +487,36 @@ def test_bad_arguments():
     for d in (0.0, 1.5, -0.1):
         with pytest.raises(ValueError, match="damping"):
             newton(ident, z0, damping=d)
+
+
+def test_fused_iterations_are_the_plain_ones():
+    """fixed_point(fuse=...): the iterations between two checks as one call of
+    fused_iterations (what compile=True compiles) give the same iterate, bit for bit, and the
+    same errors as the plain loop — tensor and tuple states, a stretch cut by max_iter."""
+    from torchgeo_int.solvers import fused_iterations
+    torch.manual_seed(0)
+    A = 0.3 * torch.randn(5, 3, 3, dtype=torch.float64)
+    b = torch.randn(5, 3, dtype=torch.float64)
+    fn = lambda z, A, b: torch.tanh((A @ z.unsqueeze(-1)).squeeze(-1)) + b  # noqa: E731
+    calls = []
+
+    def fuse(f, m, is_tuple):
+        calls.append((m, is_tuple))
+        return fused_iterations(f, m, is_tuple)
+    for max_iter in (100, 6):
+        kw = dict(args=(A, b), check_every=4, max_iter=max_iter)
+        try:
+            plain = fixed_point(fn, torch.zeros(5, 3, dtype=torch.float64), **kw)
+        except ConvergenceError as err:
+            with pytest.raises(ConvergenceError) as fused_err:
+                fixed_point(fn, torch.zeros(5, 3, dtype=torch.float64), fuse=fuse, **kw)
+            assert fused_err.value.iterations == err.iterations == max_iter
+            continue
+        fused = fixed_point(fn, torch.zeros(5, 3, dtype=torch.float64), fuse=fuse, **kw)
+        assert torch.equal(plain, fused)
+    pair = lambda z, A, b: (torch.tanh(z[1]) * 0.5 + b, torch.sin(z[0]) * 0.5)  # noqa: E731
+    z0 = (torch.zeros(5, 3, dtype=torch.float64), torch.zeros(5, 3, dtype=torch.float64))
+    plain = fixed_point(pair, z0, args=(A, b))
+    fused = fixed_point(pair, z0, args=(A, b), fuse=fuse)
+    assert all(torch.equal(x, y) for x, y in zip(plain, fused))
+    assert calls == [(4, False), (4, False), (4, True)]

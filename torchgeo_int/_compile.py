@@ -79,7 +79,7 @@ import torch
 from ._cache import IdentityCache
 from ._loop import run_loop
 from .integrators.base import Stepper, explicit_splitting
-from .solvers import ConvergenceError
+from .solvers import ConvergenceError, fused_iterations
 
 __all__ = ["compiled_step", "compiled_rollout", "CompiledStep", "default_block"]
 
@@ -256,6 +256,15 @@ class _Kernels:
         self.ready = set()            # the functions whose first (compiling) call is done
         self.inner = True             # False once a block failed on the batch-innermost layout
         self.proxy = None if self.explicit else _CompiledFields(system, self, self._tag)
+        # An implicit method solved by fixed-point iteration: the same method whose iterations
+        # between two convergence checks run as one compiled call (``fuse``), on the system
+        # itself (the iterations are traced through its vector field).
+        opts = getattr(integrator, "options", None)
+        self.fused = (integrator.with_options(fuse=self.fuse)
+                      if not self.explicit and opts is not None and opts.solver == "fixed_point"
+                      else None)
+        self.fuse_failed = None       # why a fused iteration failed to compile; then eager ones
+        self._chunks = {}
 
     def time(self, t, like):
         """t as the graphs take it: a 0-d tensor like ``like`` for a tensor-time system."""
@@ -301,6 +310,35 @@ class _Kernels:
             except Exception:  # noqa: BLE001 — e.g. a system that calls .view() on q: row-major
                 self.inner = False
         return _budgeted(self.ready, fn, q, p, force, t, h)
+
+    def fuse(self, fn, m, is_tuple):
+        """The ``fuse`` of :func:`~torchgeo_int.solvers.fixed_point`: m iterations of ``fn`` and
+        their residual as one compiled call, compiled once per stage function (its code: the
+        step makes a new closure each time, over the same system, coefficients and h; what
+        varies — the state, t — are its args).  If compiling fails, a warning says why and the
+        uncompiled iterations run from then on."""
+        code = getattr(fn, "__code__", None)
+        if code is None or self.fuse_failed:
+            return None
+        key = (code, m, is_tuple)
+        compiled = self._chunks.get(key)
+        if compiled is None:
+            def iterations(fn, zs, *args):
+                return fused_iterations(fn, m, is_tuple)(zs, *args)
+            compiled = self._chunks[key] = _compile(iterations, f"fp{self._tag}_{len(self._chunks)}")
+
+        def run(zs, *args):
+            if not self.fuse_failed:
+                try:
+                    return _budgeted(self.ready, compiled, fn, zs, *args)
+                except Exception as err:  # noqa: BLE001 — whatever dynamo/inductor raise
+                    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+                    self.fuse_failed = f"{type(err).__name__}: {first}"
+                    warnings.warn(f"compile=True: could not compile the fixed-point iterations of "
+                                  f"{self.name!r} ({self.fuse_failed}); running them eagerly",
+                                  RuntimeWarning, stacklevel=2)
+            return fused_iterations(fn, m, is_tuple)(zs, *args)
+        return run
 
     def first_force(self, system, q, t, cache):
         """The force the first kick needs (None when the graph computes it itself)."""
@@ -382,19 +420,26 @@ class CompiledStep(Stepper):
                       if save_every is not None and steps is not None and steps >= save_every else 1)
         self.graph = None   # needs_graph, decided at the first planned call under grad mode
         if not self.kernels.explicit and not self.kernels.failed:
-            warnings.warn(f"compile=True: {self.kernels.name!r} is implicit on this system: its "
-                          "solver loop runs eagerly and only the vector field is compiled (for "
-                          f"states of >= {FIELDS_MIN} elements; smaller ones run eagerly)",
-                          stacklevel=3)
+            if self.kernels.fused is not None:
+                warnings.warn(f"compile=True: {self.kernels.name!r} is implicit on this system: "
+                              "its fixed-point iterations between two convergence checks run "
+                              "as one compiled call; the checks (a host sync each) and the "
+                              "step's update run eagerly", stacklevel=3)
+            else:
+                warnings.warn(f"compile=True: {self.kernels.name!r} is implicit on this system: "
+                              "its solver loop runs eagerly and only the vector field is "
+                              f"compiled (for states of >= {FIELDS_MIN} elements; smaller ones "
+                              "run eagerly)", stacklevel=3)
 
     @property
     def mode(self) -> str:
-        """'blocks', 'step', 'fields' (implicit: compiled vector field) or 'eager' (failed)."""
+        """'blocks', 'step', 'fused' (implicit, fixed-point: compiled iterations), 'fields'
+        (implicit: compiled vector field) or 'eager' (failed)."""
         k = self.kernels
         if k.failed:
             return "eager"
         if not k.explicit:
-            return "fields"
+            return "fused" if k.fused is not None and not k.fuse_failed else "fields"
         return "blocks" if self.block > 1 else "step"
 
     def _guarded(self, run, eager):
@@ -434,6 +479,8 @@ class CompiledStep(Stepper):
         if k.failed:
             return eager()
         if not k.explicit:
+            if k.fused is not None:     # (falls back to eager iterations itself)
+                return k.fused.step(system, q, p, t, h, cache)
             if q.numel() < FIELDS_MIN:
                 return eager()
             return self._guarded(lambda: self.integrator.step(k.proxy, q, p, t, h, cache), eager)

@@ -206,17 +206,9 @@ class _Struct:
         return tuple(torch.where(done.unsqueeze(-1) if x.dim() else done, x, y)
                      for x, y in zip(a, b))
 
-    def residual(self, new, old, diff=True):
-        """r_b = max over components c of ||new_c - old_c||_inf / (1 + ||old_c||_inf);
-        with diff=False, new already is the difference."""
-        r = None
-        for a, z in zip(new, old):
-            d, s = (a - z if diff else a).abs(), z.abs()
-            if z.dim():   # (not linalg.vector_norm(ord=inf): ~40x slower on CPU in torch 2.13)
-                d, s = d.amax(-1), s.amax(-1)
-            e = d / (1 + s)
-            r = e if r is None else torch.maximum(r, e)
-        return r
+    @staticmethod
+    def residual(new, old, diff=True):
+        return residual_of(new, old, diff)
 
     def flatten(self, zs):
         return torch.cat([t.reshape(*self.batch, n) for t, n in zip(zs, self.sizes)], -1)
@@ -270,20 +262,28 @@ def _worst(r, done):
     return torch.where(done, torch.zeros_like(r), r).max().item()
 
 
-def _iterate(step, z, struct, tol, max_iter, check_every, what, hint):
+def _iterate(step, z, struct, tol, max_iter, check_every, what, hint, chunk=None):
     """z <- step(z) per sample until r_b <= tol for every sample; returns (z, iterations).
 
     A sample's result is its first iterate with r_b <= tol.  Converged samples go on iterating
     with the batch (fn runs on the whole batch anyway, and a contraction keeps them converged);
     their results are kept aside at the check that saw them converge, so the loop between
-    checks is fn alone."""
+    checks is fn alone.  ``chunk`` (z -> (the check_every-th iterate, its r_b against the one
+    before)): the iterations between two checks in one call (a compiled
+    :func:`fused_iterations`), used while whole stretches fit under max_iter."""
     done = kept = None   # per-sample converged mask, and the converged samples' results
-    for k in range(1, max_iter + 1):
-        new = step(z)
-        if k % check_every and k != max_iter:
-            z = new
-            continue
-        r = struct.residual(new, z)
+    k = 0
+    while k < max_iter:
+        if chunk is not None and k + check_every <= max_iter:
+            new, r = chunk(z)
+            k += check_every
+        else:
+            new = step(z)
+            k += 1
+            if k % check_every and k != max_iter:
+                z = new
+                continue
+            r = struct.residual(new, z)
         if r.numel() == 0:   # an empty batch: no sample to converge (aminmax has no identity)
             return new, k
         active = r if done is None else torch.where(done, torch.zeros_like(r), r)
@@ -302,6 +302,34 @@ def _iterate(step, z, struct, tol, max_iter, check_every, what, hint):
         z = new
     raise ConvergenceError(f"{what} did not converge", iterations=max_iter,
                            residual=worst, tol=tol, hint=hint)
+
+
+def fused_iterations(fn, m, is_tuple=True):
+    """(zs, *args) -> (zs_m, r_b): m applications of ``fn`` (zs, zs_m tuples of tensors; fn
+    takes and returns a tuple when ``is_tuple``, else one tensor) and the per-sample residual
+    of the last one, r_b = max_c ||z_m,c − z_{m−1},c||_inf / (1 + ||z_{m−1},c||_inf) — what
+    :func:`fixed_point` does between two checks, as one function of tensors, for
+    ``compile=True`` to compile (the ``fuse`` option of :class:`SolveOptions`)."""
+    def iterations(zs, *args):
+        prev = zs
+        for _ in range(m):
+            out = fn(zs if is_tuple else zs[0], *args)
+            prev, zs = zs, (tuple(out) if is_tuple else (out,))
+        return zs, residual_of(zs, prev)
+    return iterations
+
+
+def residual_of(new, old, diff=True):
+    """r_b = max over components c of ||new_c - old_c||_inf / (1 + ||old_c||_inf); with
+    diff=False, new already is the difference."""
+    r = None
+    for a, z in zip(new, old):
+        d, s = (a - z if diff else a).abs(), z.abs()
+        if z.dim():   # (not linalg.vector_norm(ord=inf): ~40x slower on CPU in torch 2.13)
+            d, s = d.amax(-1), s.amax(-1)
+        e = d / (1 + s)
+        r = e if r is None else torch.maximum(r, e)
+    return r
 
 
 def _first_order_only(name):
@@ -360,7 +388,7 @@ class _FixedPointAdjoint(torch.autograd.Function):
 
 
 def fixed_point(fn, z0, *, args=(), tol=None, max_iter=100, backward="implicit", check_every=4,
-                backward_tol=None, backward_max_iter=None):
+                backward_tol=None, backward_max_iter=None, fuse=None):
     """Solve z = fn(z, *args) per sample by fixed-point iteration, differentiably.
 
     Args:
@@ -379,6 +407,10 @@ def fixed_point(fn, z0, *, args=(), tol=None, max_iter=100, backward="implicit",
         backward_tol: tolerance of the adjoint solve; defaults to ``tol``.
         backward_max_iter: iteration cap of the adjoint solve; defaults to
             ``max(2 * max_iter, 100)`` (it starts from g, not from a good guess).
+        fuse: ``fuse(fn, check_every, is_tuple)`` -> a function doing what
+            :func:`fused_iterations` does (a compiled one), or None; the forward iterations
+            between two checks then run as one call of it (``compile=True`` sets it).  Not used
+            with backward="unroll" (its iterations carry the graph).
 
     Returns:
         z* with the structure, shapes, dtype and device of ``z0``. In implicit mode with grad
@@ -404,9 +436,14 @@ def fixed_point(fn, z0, *, args=(), tol=None, max_iter=100, backward="implicit",
         z, _ = _iterate(functools.partial(f, a=args), struct.zs, struct, tol, max_iter,
                         check_every, "fixed_point", _FP_HINT)
         return struct.pack(z)
+    chunk = None
+    if fuse is not None and check_every > 1:
+        fused = fuse(fn, check_every, struct.is_tuple)
+        if fused is not None:
+            chunk = lambda zs: fused(zs, *local)  # noqa: E731
     with torch.no_grad():
         z_star, _ = _iterate(f, tuple(t.detach() for t in struct.zs), struct, tol, max_iter,
-                             check_every, "fixed_point", _FP_HINT)
+                             check_every, "fixed_point", _FP_HINT, chunk)
     if not torch.is_grad_enabled():
         return struct.pack(z_star)
     z = f(z_star, args)  # the one application with a graph to args and what fn captures
@@ -585,6 +622,8 @@ class SolveOptions:
     max_iter: int | None = None
     backward: str = "implicit"
     check_every: int | None = None
+    #: how ``compile=True`` fuses the fixed-point iterations between checks (see fixed_point)
+    fuse: object = None
 
     def __post_init__(self):
         if self.solver not in SOLVERS:
@@ -607,8 +646,11 @@ class SolveOptions:
         out = dict(tol=self.tol, backward=self.backward)
         if self.max_iter is not None:
             out["max_iter"] = self.max_iter
-        if self.check_every is not None and (solver or self.solver) == "fixed_point":
-            out["check_every"] = self.check_every
+        if (solver or self.solver) == "fixed_point":
+            if self.check_every is not None:
+                out["check_every"] = self.check_every
+            if self.fuse is not None:
+                out["fuse"] = self.fuse
         return out
 
     def solve(self, G, z0, args=(), *, hint: str | None = None):

@@ -77,8 +77,10 @@ class CotangentLiftIntegrator(ImplicitIntegrator):
         a = self.alpha
         tb = t + a * h
 
-        # (q, p) go in as the solver's args, not captured: its ∂/∂k calls then skip their history
-        def stage(k, q, p):   # fused adds: one kernel each
+        # (q, p) go in as the solver's args, not captured: its ∂/∂k calls then skip their
+        # history; so does tb, so that a compiled solve (compile=True fuses the iterations)
+        # sees the same function every step
+        def stage(k, q, p, tb):   # fused adds: one kernel each
             return system.vector_field(torch.add(q, k[0], alpha=a * h),
                                        torch.add(p, k[1], alpha=(1.0 - a) * h), tb)
 
@@ -89,7 +91,7 @@ class CotangentLiftIntegrator(ImplicitIntegrator):
                 k0 = system.vector_field(q, p, t)
         # Without contraction (h·|∂X_H| too large, e.g. a stiff learned field: it stalls or blows
         # up) the error says how to get Newton's method on the same equations.
-        k = self.options.solve(stage, k0, (q, p), hint=_NEWTON_HINT.format(a=self.alpha))
+        k = self.options.solve(stage, k0, (q, p, tb), hint=_NEWTON_HINT.format(a=self.alpha))
         # The stage derivative is the warm start of the next solve (no graph needed for a guess).
         return torch.add(q, k[0], alpha=h), torch.add(p, k[1], alpha=h), tuple(x.detach() for x in k)
 
