@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH_INDEX ?= $(if $(wildcard /opt/wheels/torch-*+cpu-*.whl),,--extra-index-url https://download.pytorch.org/whl/cpu)
 PIP_TORCH := -c constraints-cpu.txt $(TORCH_INDEX)
 
-.PHONY: test demo bench install clean
+.PHONY: test demo bench bench-all install clean
 
 $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH (or: make PYTHON=python3)"; exit 1; }
@@ -38,9 +38,14 @@ demo: $(VENV)/.installed
 	$(PY) experiments/demo.py
 
 bench: $(VENV)/.installed
-	@echo "[make] running the benchmarks (about 10 minutes)"
+	@echo "[make] running the benchmarks (under 10 minutes)"
 	@$(PY) -m pip install -q $(PIP_TORCH) -e '.[bench]' || echo "numba not installed: the limits benchmark skips its numba rows"
 	$(PY) -m experiments.bench
+
+# the benchmarks and the work-precision study (about 17 minutes)
+bench-all: $(VENV)/.installed
+	@$(PY) -m pip install -q $(PIP_TORCH) -e '.[bench]' || echo "numba not installed: the limits benchmark skips its numba rows"
+	$(PY) -m experiments.bench --all
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

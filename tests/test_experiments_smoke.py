@@ -160,12 +160,17 @@ def test_bench_main_runs_each_and_reports_failures(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_main.importlib, "import_module", fake)
     code = bench_main.main(["--quick", "--out", str(tmp_path), "--skip", "memory"])
     names = [n.rsplit(".", 1)[-1] for n, _ in calls]
-    assert names[:4] == ["throughput", "limits", "work_precision", "training_cost"]
+    assert names[:3] == ["throughput", "limits", "training_cost"]   # work_precision: --all only
     assert ("gpu" in names) == torch.cuda.is_available()
     assert all("--quick" in argv and str(tmp_path) in argv for _, argv in calls)
     assert code == 1
     index = (tmp_path / "index.md").read_text()
     assert "training_cost | FAILED" in index and "[throughput.md](throughput.md)" in index
+    assert "work_precision | not run" in index
+    calls.clear()
+    bench_main.main(["--quick", "--all", "--out", str(tmp_path), "--skip", "memory", "gpu"])
+    assert [n.rsplit(".", 1)[-1] for n, _ in calls] == ["throughput", "limits", "work_precision",
+                                                          "training_cost"]
 
 
 def test_hnn_study_tiny_run_and_merge(tmp_path, capsys):

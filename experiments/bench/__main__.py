@@ -1,14 +1,18 @@
-"""``python -m experiments.bench [--quick] [--only NAME ...] [--skip NAME ...]``: every benchmark.
+"""``python -m experiments.bench [--quick] [--all] [--only NAME ...] [--skip NAME ...]``: the
+benchmarks (``make bench``).
 
 Runs throughput, limits (ours against a numba loop, the practical CPU limit: needs the optional
-``bench`` extra, else its numba rows are skipped with a note), work_precision, training_cost, memory (when ``experiments/bench/memory.py`` is
-there; at its --quick size unless --full-memory) and, on a machine with CUDA, gpu; each writes
-its markdown/JSON/PNG under results/bench/,
-and results/bench/index.md lists them with their run times.  Not run from here, since it needs
+``bench`` extra, else its numba rows are skipped with a note), training_cost, memory (when
+``experiments/bench/memory.py`` is there; at its --quick size unless --full-memory) and, on a
+machine with CUDA, gpu; with ``--all`` (``make bench-all``) also work_precision, an accuracy
+study rather than a speed benchmark, which alone takes ≈ 7 CPU-minutes (its sweep and the 10⁶-day
+energy run) and would push ``make bench`` past its 10-minute budget.  Each writes its
+markdown/JSON/PNG under results/bench/, and results/bench/index.md lists them with their run
+times.  Not run from here, since it needs
 a scratch checkout of torchdiffeq's master branch: ``python -m experiments.bench.torchdiffeq_master
 --torchdiffeq-src PATH`` (its Broyden implicit midpoint vs ours, vs batch size).  A benchmark that fails is reported
-and the others still run; the exit status is then 1.  Full run: roughly 10–20 minutes on two
-CPU cores; --quick: a few minutes.
+and the others still run; the exit status is then 1.  Default run: under 10 minutes on one
+idle CPU core (``--all``: about 17); --quick: a few minutes.
 """
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ import torch
 from . import common
 
 BENCHES = ["throughput", "limits", "work_precision", "training_cost", "memory", "gpu"]
+#: run only with --all (or named in --only)
+OPTIONAL = ["work_precision"]
 
 
 def _available(name):
@@ -46,6 +52,7 @@ def _argv(name, args):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--all", action="store_true", help=f"also run {', '.join(OPTIONAL)}")
     ap.add_argument("--only", nargs="+", choices=BENCHES, default=None)
     ap.add_argument("--skip", nargs="+", choices=BENCHES, default=[])
     ap.add_argument("--out", default=str(common.RESULTS / "bench"))
@@ -59,6 +66,10 @@ def main(argv=None):
     lines, failed, t_all = [], [], time.perf_counter()
     for name in BENCHES:
         if (args.only and name not in args.only) or name in args.skip:
+            continue
+        if name in OPTIONAL and not (args.all or args.only):
+            print(f"== {name}: not run (run it with --all, make bench-all)")
+            lines.append(f"| {name} | not run: --all runs it | — |")
             continue
         ok, why = _available(name)
         if not ok:
