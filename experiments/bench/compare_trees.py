@@ -40,6 +40,12 @@ ROWS = [("verlet", 1, 1024), ("verlet", 64, 1024), ("verlet", 4096, 128),
         ("implicit_midpoint+compile", 64, 128),
         ("odeint", 1, 1024), ("odeint", 4096, 128)]
 QUICK_ROWS = [("verlet", 64, 256), ("verlet+compile", 64, 256), ("odeint", 64, 256)]
+#: --rows every_state: rollouts that keep every state (output rows, compiled blocks written into
+#: them) and implicit midpoint at a middling batch (compiled fixed-point iterations)
+EVERY_STATE_ROWS = [("verlet(save all)", 4096, 256), ("verlet(save all)", 65536, 32),
+                    ("verlet+compile(save all)", 1, 1024), ("verlet+compile(save all)", 64, 1024),
+                    ("verlet+compile(save all)", 4096, 256), ("implicit_midpoint", 256, 64),
+                    ("implicit_midpoint+compile", 256, 64)]
 MEMORY_MODES = ["backprop", "checkpoint", "reversible", "odeint_checkpoint", "odeint_reversible"]
 
 
@@ -130,6 +136,8 @@ def main(argv=None):
     ap.add_argument("--memory-steps", type=int, default=1000)
     ap.add_argument("--memory-batch", type=int, default=256)
     ap.add_argument("--quick", action="store_true", help="three rows, two rounds, one memory mode")
+    ap.add_argument("--rows", choices=["default", "every_state"], default="default",
+                    help="every_state: the every-state and implicit-midpoint rows (EVERY_STATE_ROWS)")
     ap.add_argument("--out", default=None, help="write the markdown table there too")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--memory-child", nargs=4, help=argparse.SUPPRESS)
@@ -143,7 +151,7 @@ def main(argv=None):
         ap.error("--before and --after are required")
 
     trees = {"before": args.before, "after": args.after}
-    rows = QUICK_ROWS if args.quick else ROWS
+    rows = QUICK_ROWS if args.quick else EVERY_STATE_ROWS if args.rows == "every_state" else ROWS
     rounds = 2 if args.quick else args.rounds
     start = time.perf_counter()
     workers = {k: Worker(v) for k, v in trees.items()}
@@ -167,6 +175,8 @@ def main(argv=None):
     modes = MEMORY_MODES[:1] if args.quick else MEMORY_MODES
     repeats = 1 if args.quick else args.memory_repeats
     mem = {}
+    if repeats == 0:      # --memory-repeats 0: throughput only
+        modes = []
     for i in range(repeats):
         for j, mode in enumerate(modes):
             for k in (("before", "after") if (i + j) % 2 == 0 else ("after", "before")):
@@ -176,7 +186,7 @@ def main(argv=None):
                     "graph_mib": max(old["graph_mib"], r["graph_mib"]),
                     "peak_mib": min(old["peak_mib"], r["peak_mib"]),
                     "seconds": min(old["seconds"], r["seconds"])}
-    lines += ["", f"memory: one training step, {args.memory_steps} verlet steps, batch "
+    lines += [] if not modes else ["", f"memory: one training step, {args.memory_steps} verlet steps, batch "
               f"{args.memory_batch}, float32 (graph MiB exact; RSS rise and s: best of {repeats})", "",
               "| mode | graph MiB before | after | RSS MiB before | after | s before | s after | s after/before |",
               "|---|---|---|---|---|---|---|---|"]
