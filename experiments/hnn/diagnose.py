@@ -2,7 +2,8 @@ r"""Diagnose the shooting arms (e) / (e′) of the HNN study on a one-degree-of-
 
     python -m experiments.hnn.diagnose --task pendulum --arms e,e4 --steps 2000 --every 200 \
         --seed 100 [--state-lr 1e-2] [--continuity 1] [--segment 4] [--substeps 1] \
-        [--batch-size N] [--tag NAME] [--out results]
+        [--batch-size N] [--state-optimizer adam|lazy] [--schedule cosine] [--data-seed 100] \
+        [--tag NAME] [--out results]
 
 Trains arm (e) (Verlet at h = dt / substeps) and/or (e′) (``--method2``, yoshida4 by default)
 exactly as :func:`experiments.hnn.train.train` does (same seeded model, the TrajectoryFit of
@@ -39,7 +40,7 @@ import numpy as np
 import torch
 
 from torchgeo_int.nn.metrics import hamiltonian_error
-from torchgeo_int.nn.training import TensorBatches, seed_everything
+from torchgeo_int.nn.training import TensorBatches, lr_factor, seed_everything
 from torchgeo_int.nn.shooting import TrajectoryFit
 
 from . import data as datasets
@@ -91,7 +92,7 @@ def local_frequency(model, q, p, h):
 
 
 def run_arm(arm, task, clean, *, seed, steps, every, lr, weight_decay, shooting, batch_size=None,
-            opt_options=None):
+            opt_options=None, schedule=None):
     seed_everything(seed)
     model = build_model(arm, task).float()
     tf = shooting_fit(arm, model, task.to(torch.float32), shooting=shooting)
@@ -125,20 +126,40 @@ def run_arm(arm, task, clean, *, seed, steps, every, lr, weight_decay, shooting,
 
     t0 = time.perf_counter()
     log(0, float(tf(all_ids).detach()))
+    losses = []
     step, epoch = 0, 0
     while step < steps:
         for (ids,) in batches.epoch(epoch):
             loss = tf(ids)
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            if schedule is not None:                               # as fit(lr_schedule=...)
+                factor = lr_factor(schedule, step, steps)
+                for group in opt.param_groups:
+                    group.setdefault("initial_lr", group["lr"])
+                    group["lr"] = group["initial_lr"] * factor
             opt.step()
+            losses.append(float(loss.detach()))
             step += 1
             if step % every == 0 or step == steps:
                 log(step, float(loss.detach()))
             if step >= steps:
                 break
         epoch += 1
-    return rows, time.perf_counter() - t0
+    return rows, time.perf_counter() - t0, spikes(losses) if batch_size is None else {}
+
+
+def spikes(losses, start=500, rise=0.005):
+    """Full-batch loss spikes after step ``start``: steps whose loss exceeds the running minimum
+    by more than ``rise`` (relative), the largest such excess, and the first such steps."""
+    best, hits, worst = float("inf"), [], 0.0
+    for i, v in enumerate(losses):
+        if i >= start and v > best * (1 + rise):
+            hits.append(i + 1)
+            worst = max(worst, v / best - 1)
+        best = min(best, v)
+    onsets = [h for j, h in enumerate(hits) if j == 0 or hits[j - 1] != h - 1]
+    return {"steps_above": len(hits), "max_rise": worst, "onsets": onsets[:30]}
 
 
 def copy_double(model):
@@ -165,6 +186,7 @@ def main(argv=None):
     ap.add_argument("--substeps", type=int, default=1, help="substeps of arm (e)")
     ap.add_argument("--method2")
     ap.add_argument("--substeps2", type=int)
+    ap.add_argument("--schedule", choices=["cosine"], help="fit's lr_schedule (default: constant)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tag", default="base")
     ap.add_argument("--out", default="results")
@@ -188,27 +210,31 @@ def main(argv=None):
     arms = {a.key: a for a in make_arms(task, shooting=shooting)}
     out = {"task": args.task, "seed": args.seed, "data_seed": args.data_seed, "steps": args.steps,
            "shooting": shooting, "substeps_e": args.substeps, "batch_size": args.batch_size,
-           "state_optimizer": args.state_optimizer, "arms": {}}
+           "state_optimizer": args.state_optimizer, "schedule": args.schedule, "arms": {}}
     md = [f"# diagnose {args.task}, tag {args.tag}", "",
           f"training seed {args.seed}, data seed {args.data_seed}, {args.steps} steps, lr {cfg['lr']}, wd {cfg['weight_decay']}, "
           f"batch {args.batch_size or 'full'}, shooting {shooting}, substeps of (e) {args.substeps}, "
-          f"state optimizer {args.state_optimizer or 'default'}", ""]
+          f"state optimizer {args.state_optimizer or 'default'}, lr schedule {args.schedule or 'constant'}", ""]
     for key in args.arms.split(","):
         arm = arms[key]
         if key == "e" and args.substeps > 1:
             from dataclasses import replace
             arm = replace(arm, substeps=args.substeps)
         print(f"{args.task} {args.tag}: arm {key} ({arm.label})", flush=True)
-        rows, secs = run_arm(arm, task, clean, seed=args.seed, steps=args.steps, every=args.every,
+        rows, secs, spk = run_arm(arm, task, clean, seed=args.seed, steps=args.steps, every=args.every,
                              lr=cfg["lr"], weight_decay=cfg["weight_decay"], shooting=shooting,
-                             batch_size=args.batch_size, opt_options=opt_options)
-        out["arms"][key] = {"label": arm.label, "rows": rows, "seconds": secs}
+                             batch_size=args.batch_size, opt_options=opt_options,
+                             schedule=args.schedule)
+        out["arms"][key] = {"label": arm.label, "rows": rows, "seconds": secs, "spikes": spk}
         md += [f"## {arm.label} ({secs:.0f} s)", "",
                "| step | loss | defect | node err | ε_H | energy MSE | state MSE | h·ω max | h·ω p99 |",
                "|---|---|---|---|---|---|---|---|---|"]
         md += [f"| {r['step']} | {r['loss']:.3e} | {r['defect']:.3e} | {r['node_err']:.4f} | "
                f"{r['eps_H']:.4f} | {r['energy']:.3e} | {r['state']:.3e} | {r['hw_max']:.3f} | "
                f"{r['hw_p99']:.3f} |" for r in rows]
+        if spk:
+            md += ["", f"Loss spikes after step 500 (loss > 1.005 × running min): {spk['steps_above']} "
+                       f"steps, largest rise {100 * spk['max_rise']:.1f} %, onsets {spk['onsets']}"]
         md.append("")
     path = Path(args.out)
     path.mkdir(parents=True, exist_ok=True)
