@@ -45,7 +45,7 @@ from torchgeo_int.nn.shooting import TrajectoryFit
 
 from . import data as datasets
 from .run import CONFIG, SHOOTING as TASK_SHOOTING
-from .train import SHOOTING, arms as make_arms, build_model, evaluate, shooting_fit
+from .train import SHOOTING, arms as make_arms, build_model, evaluate, shooting_fit, train
 
 
 def clean_training_states(task_name: str, seed: int, task) -> torch.Tensor:
@@ -149,6 +149,24 @@ def run_arm(arm, task, clean, *, seed, steps, every, lr, weight_decay, shooting,
     return rows, time.perf_counter() - t0, spikes(losses) if batch_size is None else {}
 
 
+def run_plain_arm(arm, task, *, seed, steps, lr, weight_decay, batch_size=None, schedule=None):
+    """A non-shooting arm ((a), (b), …) trained by the study's ``train`` in one go: one row, at
+    the end (no node states: defect and node error are NaN)."""
+    model, hist = train(arm, task, seed=seed, steps=steps, batch_size=batch_size, lr=lr,
+                        weight_decay=weight_decay, progress=False, lr_schedule=schedule)
+    metrics, _ = evaluate(model, arm, task)
+    n = task.dim
+    hw = local_frequency(copy_double(model), task.q_train.reshape(-1, n).double(),
+                         task.p_train.reshape(-1, n).double(), task.dt) if arm.model != "MLPVectorField" \
+        else torch.full((1,), float("nan"))
+    row = dict(step=steps, loss=hist["loss"][-1], defect=float("nan"), node_err=float("nan"),
+               eps_H=metrics.get("eps_H", float("nan")), energy=metrics["energy_mse"],
+               state=metrics["state_mse"], hw_max=float(hw.max()), hw_p99=float(hw.quantile(0.99)))
+    print(f"  {arm.key} step {steps}  loss {row['loss']:.3e}  eps_H {row['eps_H']:.4f}  energy "
+          f"{row['energy']:.3e}  state {row['state']:.3e}", flush=True)
+    return [row], hist["seconds"], spikes(hist["loss"]) if batch_size is None else {}
+
+
 def spikes(losses, start=500, rise=0.005):
     """Full-batch loss spikes after step ``start``: steps whose loss exceeds the running minimum
     by more than ``rise`` (relative), the largest such excess, and the first such steps."""
@@ -170,7 +188,9 @@ def copy_double(model):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", default="pendulum", choices=["pendulum", "spring", "twobody_noisy"])
-    ap.add_argument("--arms", default="e,e4", help="comma-separated subset of e,e4")
+    ap.add_argument("--arms", default="e,e4",
+                    help="comma-separated: e, e4 (logged along training) or any other arm of the "
+                         "study (a, b5, …: trained by train.train, one row at the end)")
     ap.add_argument("--seed", type=int, default=100, help="training seed (develop on 100, not 0–4)")
     ap.add_argument("--data-seed", type=int, default=100,
                     help="seed of the task's data (the study's data are seed 0; develop on 100)")
@@ -221,10 +241,16 @@ def main(argv=None):
             from dataclasses import replace
             arm = replace(arm, substeps=args.substeps)
         print(f"{args.task} {args.tag}: arm {key} ({arm.label})", flush=True)
-        rows, secs, spk = run_arm(arm, task, clean, seed=args.seed, steps=args.steps, every=args.every,
-                             lr=cfg["lr"], weight_decay=cfg["weight_decay"], shooting=shooting,
-                             batch_size=args.batch_size, opt_options=opt_options,
-                             schedule=args.schedule)
+        if arm.loss != "shooting":
+            rows, secs, spk = run_plain_arm(arm, task, seed=args.seed, steps=args.steps, lr=cfg["lr"],
+                                            weight_decay=cfg["weight_decay"],
+                                            batch_size=args.batch_size, schedule=args.schedule)
+        else:
+            rows, secs, spk = run_arm(arm, task, clean, seed=args.seed, steps=args.steps,
+                                      every=args.every, lr=cfg["lr"],
+                                      weight_decay=cfg["weight_decay"], shooting=shooting,
+                                      batch_size=args.batch_size, opt_options=opt_options,
+                                      schedule=args.schedule)
         out["arms"][key] = {"label": arm.label, "rows": rows, "seconds": secs, "spikes": spk}
         md += [f"## {arm.label} ({secs:.0f} s)", "",
                "| step | loss | defect | node err | ε_H | energy MSE | state MSE | h·ω max | h·ω p99 |",
