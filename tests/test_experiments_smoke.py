@@ -192,7 +192,7 @@ def test_hnn_study_tiny_run_and_merge(tmp_path, capsys):
     with pytest.raises(ValueError, match="was run with"):
         hnn_run.run("spring", arm_keys=["c"], merge=True, **dict(args, steps=6))
     with pytest.raises(ValueError, match="was run with"):   # another lr schedule: another budget
-        hnn_run.run("spring", arm_keys=["c"], merge=True, lr_schedule="cosine", **args)
+        hnn_run.run("spring", arm_keys=["c"], merge=True, lr_schedule=None, **args)
     m = evaluation_method("implicit_midpoint")
     assert isinstance(m, tgi.CotangentLiftIntegrator) and m.solver == "newton" and m.alpha == 0.5
     assert m.max_iter >= 400     # a stiff learned field needed 400 Newton iterations (pendulum, (c))
