@@ -24,6 +24,15 @@ same full-batch order as ``fit``), and every ``--every`` steps logs
                 grows like (h·ω)²/24),
 * ``hw_p99``    the 99th percentile of the same.
 
+Finding (pendulum, 2026-12-03): at the study's constant lr, full-batch Adam reaches a flat loss
+floor after ~1000 steps and then spikes every ~150–200 steps (loss +0.5–9 % over the running
+minimum, ε_H ×2–6, held-out energy MSE ×5–30, recovered within ~25–50 steps), for (e) and (e′)
+alike, with state_lr 1e-3, continuity 10 or substeps 2; the learned h·ω stays at the truth's
+0.17 (no stiffness, no resonance).  The step-2000 metrics sample a random phase of that cycle:
+the reported (e) seeds 0/1 ended in a spike (final loss 8.89e-3 / 8.84e-3 vs the 8.72e-3 floor).
+``--schedule cosine`` (fit's lr_schedule) removes the spikes.  Reproduce:
+``--data-seed 0 --arms e --every 25`` (constant) vs the same with ``--schedule cosine``.
+
 Use the development seed (100), never the reported seeds 0–4.  The clean training states are
 re-drawn from the task's random stream (the same draws as :mod:`experiments.hnn.data`) and
 checked against the noisy observations.  Writes ``<out>/diagnose_<task>_<tag>.md`` (one table
