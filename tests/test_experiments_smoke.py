@@ -196,6 +196,8 @@ def test_hnn_study_tiny_run_and_merge(tmp_path, capsys):
         assert merged["arms"][key]["per_seed"][0]["energy_mse"] == rep["arms"][key]["per_seed"][0]["energy_mse"]
     with pytest.raises(ValueError, match="was run with"):
         hnn_run.run("spring", arm_keys=["c"], merge=True, **dict(args, steps=6))
+    with pytest.raises(ValueError, match="was run with"):   # another lr schedule: another budget
+        hnn_run.run("spring", arm_keys=["c"], merge=True, lr_schedule=None, **args)
     m = evaluation_method("implicit_midpoint")
     assert isinstance(m, tgi.CotangentLiftIntegrator) and m.solver == "newton" and m.alpha == 0.5
     assert m.max_iter >= 400     # a stiff learned field needed 400 Newton iterations (pendulum, (c))
@@ -220,6 +222,23 @@ def test_torchdiffeq_master_runs_our_side_and_says_why_not_theirs(tmp_path, caps
     assert by["verlet"]["evals_per_step"] < 3 < by["implicit_midpoint"]["evals_per_step"]
     with pytest.raises(SystemExit, match="no torchdiffeq/__init__.py"):
         torchdiffeq_master.main(["--torchdiffeq-src", str(tmp_path), "--out", str(tmp_path), *QUIET])
+
+
+def test_hnn_diagnose_tiny(tmp_path):
+    """experiments.hnn.diagnose: the shooting arms' training log (loss, defect, node-state error
+    against the replayed clean states, ε_H, energy MSE, h·ω) on a development seed."""
+    from experiments.hnn import diagnose
+
+    diagnose.main(["--arms", "e", "--steps", "4", "--every", "2", "--schedule", "cosine",
+                   "--out", str(tmp_path), "--tag", "t"])
+    rep = json.loads((tmp_path / "diagnose_pendulum_t.json").read_text())
+    rows = rep["arms"]["e"]["rows"]
+    assert [r["step"] for r in rows] == [0, 2, 4] and rep["seed"] == rep["data_seed"] == 100
+    assert 0.1 < rows[0]["node_err"] < 0.2          # the observations: σ = 0.1 on q and on p
+    assert all(math.isfinite(r["eps_H"]) and r["hw_max"] > 0 for r in rows)
+    assert "| step | loss | defect |" in (tmp_path / "diagnose_pendulum_t.md").read_text()
+    assert diagnose.spikes([3.0, 2.0, 1.0, 1.1, 1.0, 1.2, 1.3], start=0, rise=0.05) == \
+        {"steps_above": 3, "max_rise": pytest.approx(0.3), "onsets": [4, 6]}
 
 
 def test_hnn_evaluate_records_a_failed_rollout(monkeypatch):

@@ -455,3 +455,50 @@ def test_tensor_batches_are_a_function_of_seed_and_epoch():
     assert sorted(sum(e1, [])) == sorted(set(sum(e1, [])))      # no repeats within an epoch
     full = TensorBatches(x)
     assert len(full) == 1 and torch.equal(next(iter(full.epoch(0)))[0], x)
+
+
+def test_fit_lr_schedule_cosine_and_callable_and_resume(tmp_path):
+    from torchgeo_int.nn.training import lr_factor
+    assert lr_factor(None, 5, 10) == 1.0
+    assert lr_factor("cosine", 0, 10) == 1.0
+    assert lr_factor("cosine", 5, 10) == pytest.approx(0.5)
+    assert lr_factor("cosine", 9, 10) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.9)))
+    _, q, p = _pendulum_trajectories(B=4, T=9)
+    data = make_windows(q, p, 2)
+    seen = []
+
+    class Spy(torch.optim.SGD):
+        def step(self, closure=None):
+            seen.append([g["lr"] for g in self.param_groups])
+            return super().step(closure)
+
+    torch.manual_seed(3)
+    model = SeparableHNN(1, **TINY)
+    opt = Spy([{"params": model.kinetic.parameters(), "lr": 0.1},
+               {"params": model.potential.parameters(), "lr": 0.01}], lr=0.1)
+    fit(model, _noisy_loss, data, steps=4, batch_size=8, optimizer=opt, progress=False,
+        lr_schedule=lambda step, total: 1.0 / (1 + step))
+    assert sum(seen, []) == pytest.approx(sum([[0.1 / k, 0.01 / k] for k in (1, 2, 3, 4)], []), rel=1e-12)
+    assert [g["initial_lr"] for g in opt.param_groups] == [0.1, 0.01]
+    # the schedule continues across a checkpoint (the initial lr travels with it); "cosine" runs
+    # over the call's steps, so a run cut short by steps=k uses a schedule of the full length
+    sched = lambda step, total: 0.5 * (1 + math.cos(math.pi * step / 8))   # noqa: E731
+    runs = []
+    for split in (None, 3):
+        torch.manual_seed(3)
+        m = SeparableHNN(1, **TINY)
+        init = {k: v.clone() for k, v in m.state_dict().items()}
+        ck = tmp_path / f"c{split}.pt"
+        if split:
+            fit(m, _noisy_loss, data, steps=split, batch_size=8, lr=1e-2, seed=7, progress=False,
+                checkpoint=ck, lr_schedule=sched)
+            m = SeparableHNN(1, **TINY)
+        fit(m, _noisy_loss, data, steps=8, batch_size=8, lr=1e-2, seed=7, progress=False,
+            checkpoint=ck, resume=bool(split), lr_schedule="cosine" if split else sched)
+        runs.append(torch.cat([x.detach().reshape(-1) for x in m.parameters()]))
+    assert torch.equal(runs[0], runs[1])
+    model.load_state_dict(init)
+    with pytest.raises(ValueError, match="lr_schedule must be None, 'cosine'"):
+        fit(model, _noisy_loss, data, steps=1, progress=False, lr_schedule="linear")
+    with pytest.raises(ValueError, match="must return a finite number >= 0"):
+        fit(model, _noisy_loss, data, steps=1, progress=False, lr_schedule=lambda s, t: -1.0)

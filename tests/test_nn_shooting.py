@@ -294,3 +294,160 @@ def test_separable_verlet_term_equals_the_general_formula():
         general = series_terms(lambda a, b: H.energy(a, b), q, p, "verlet", 0.3).detach()
         torch.testing.assert_close(fast, general, rtol=1e-10, atol=1e-13)
         assert float(fast.abs().max()) > 1e-4
+
+
+# ---------------------------------------------------------------- LazyAdam (node states under minibatching)
+
+
+def _adam_pair(seed=0, wd=0.0):
+    torch.manual_seed(seed)
+    a = torch.nn.Parameter(torch.randn(5, 3))
+    b = torch.nn.Parameter(a.detach().clone())
+    return a, b
+
+
+@pytest.mark.parametrize("wd", [0.0, 1e-2])
+def test_lazy_adam_is_adam_on_dense_groups_and_on_full_gradients(wd):
+    from torchgeo_int.nn import LazyAdam
+    for rows in (False, True):
+        a, b = _adam_pair()
+        ref = torch.optim.Adam([a], lr=1e-2, weight_decay=wd)
+        lazy = LazyAdam([b], lr=1e-2, weight_decay=wd, rows=rows)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(25):
+            grad = torch.randn(5, 3, generator=g)
+            a.grad, b.grad = grad.clone(), grad.clone()
+            ref.step()
+            lazy.step()
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
+
+
+def test_lazy_adam_leaves_rows_the_gradient_does_not_reach():
+    """torch.optim.Adam keeps moving a row after its last gradient (its first moment is not 0);
+    LazyAdam leaves it where it was, and a revisited row continues with its own bias correction."""
+    from torchgeo_int.nn import LazyAdam
+    a, b = _adam_pair()
+    ref = torch.optim.Adam([a], lr=1e-2)
+    lazy = LazyAdam([b], lr=1e-2, rows=True)
+    grad = torch.randn(5, 3)
+    for opt, x in ((ref, a), (lazy, b)):
+        x.grad = grad.clone()
+        opt.step()                                  # every row visited once
+    seen_a, seen_b = a.detach().clone(), b.detach().clone()
+    masked = grad.clone()
+    masked[1:] = 0                                  # then only row 0 for 10 steps
+    for opt, x in ((ref, a), (lazy, b)):
+        for _ in range(10):
+            x.grad = masked.clone()
+            opt.step()
+    assert torch.equal(b.detach()[1:], seen_b[1:])                      # lazy: unseen rows still
+    assert (a.detach()[1:] - seen_a[1:]).abs().min() > 1e-3             # Adam: they drifted
+    assert lazy.state[b]["step"].tolist() == [11.0, 1.0, 1.0, 1.0, 1.0]
+    # a row's first visit after a pause is a fresh bias-corrected Adam step of that row alone
+    one = torch.zeros(5, 3)
+    one[2] = grad[2]
+    b.grad = one
+    before = b.detach().clone()
+    lazy.step()
+    m = 0.9 * 0.1 * grad[2] + 0.1 * grad[2]
+    v = 0.999 * 0.001 * grad[2] ** 2 + 0.001 * grad[2] ** 2
+    expected = before[2] - 1e-2 * (m / (1 - 0.9 ** 2)) / ((v / (1 - 0.999 ** 2)).sqrt() + 1e-8)
+    torch.testing.assert_close(b.detach()[2], expected)
+    assert torch.equal(b.detach()[[0, 1, 3, 4]], before[[0, 1, 3, 4]])
+
+
+def test_trajectory_fit_minibatch_moves_only_the_reached_node_states():
+    H = _oscillator()
+    q, p, _ = _data(H, B=6, T=13, noise=0.05, seed=4)
+    torch.manual_seed(0)
+    tf = TrajectoryFit(SeparableHNN(1, width=8), q, p, dt=0.1, segment=3)     # 6 × 4 segments
+    opt = tf.optimizer(lr=1e-3, state_lr=1e-2)
+    assert type(opt).__name__ == "LazyAdam" and [g["rows"] for g in opt.param_groups] == [False, True]
+    ids = torch.tensor([0, 5, 11])      # traj 0 seg 0, traj 1 seg 1, traj 2 seg 3 (its last)
+    reached = {0, 1, 5, 6, 11}          # the batch's nodes and, through continuity, the next ones
+    for _ in range(3):
+        before = torch.cat([tf.q_nodes, tf.p_nodes], -1).detach().reshape(24, 2).clone()
+        loss = tf(ids)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        after = torch.cat([tf.q_nodes, tf.p_nodes], -1).detach().reshape(24, 2)
+        moved = {i for i in range(24) if not torch.equal(after[i], before[i])}
+        assert moved == reached
+    # the same steps with another batch: rows seen before but not now stay where they are
+    before = torch.cat([tf.q_nodes, tf.p_nodes], -1).detach().reshape(24, 2).clone()
+    loss = tf(torch.tensor([20]))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    after = torch.cat([tf.q_nodes, tf.p_nodes], -1).detach().reshape(24, 2)
+    assert {i for i in range(24) if not torch.equal(after[i], before[i])} == {20, 21}
+    # torch.optim.Adam (lazy_states=False) moves the rows of the earlier batch as well
+    adam = tf.optimizer(lr=1e-3, state_lr=1e-2, lazy_states=False)
+    assert isinstance(adam, torch.optim.Adam)
+    for batch in (ids, torch.tensor([20])):
+        before = torch.cat([tf.q_nodes, tf.p_nodes], -1).detach().reshape(24, 2).clone()
+        loss = tf(batch)
+        adam.zero_grad()
+        loss.backward()
+        adam.step()
+    after = torch.cat([tf.q_nodes, tf.p_nodes], -1).detach().reshape(24, 2)
+    assert {i for i in range(24) if not torch.equal(after[i], before[i])} == reached | {20, 21}
+
+
+def test_lazy_adam_full_batch_fit_matches_adam_and_resumes(tmp_path):
+    H = _oscillator()
+    q, p, _ = _data(H, B=4, T=9, noise=0.05, seed=5)
+    out = []
+    for lazy in (True, False):
+        torch.manual_seed(0)
+        tf = TrajectoryFit(SeparableHNN(1, width=8), q, p, dt=0.1, segment=4)
+        opt = tf.optimizer(lr=1e-3, state_lr=1e-2, weight_decay=1e-4, lazy_states=lazy)
+        fit(tf, TrajectoryFit.loss, tf.segments, steps=8, optimizer=opt, progress=False)
+        out.append(torch.cat([x.detach().reshape(-1) for x in tf.parameters()]))
+    torch.testing.assert_close(out[0], out[1], rtol=1e-10, atol=1e-12)
+    # checkpoint / resume of the per-row state: 3 + 5 minibatch steps = 8 uninterrupted
+    runs = []
+    for split in (None, 3):
+        torch.manual_seed(0)
+        tf = TrajectoryFit(SeparableHNN(1, width=8), q, p, dt=0.1, segment=4)
+        opt = tf.optimizer(lr=1e-3, state_lr=1e-2)
+        ck = tmp_path / f"ck{split}.pt"
+        if split:
+            fit(tf, TrajectoryFit.loss, tf.segments, steps=split, batch_size=3, optimizer=opt,
+                progress=False, checkpoint=ck)
+            torch.manual_seed(0)
+            tf = TrajectoryFit(SeparableHNN(1, width=8), q, p, dt=0.1, segment=4)
+            opt = tf.optimizer(lr=1e-3, state_lr=1e-2)
+        fit(tf, TrajectoryFit.loss, tf.segments, steps=8, batch_size=3, optimizer=opt,
+            progress=False, checkpoint=ck, resume=bool(split))
+        runs.append(torch.cat([x.detach().reshape(-1) for x in tf.parameters()]))
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_lazy_adam_errors():
+    from torchgeo_int.nn import LazyAdam
+    x = torch.nn.Parameter(torch.zeros(3, 2))
+    for kw, msg in ((dict(lr=0.0), "lr"), (dict(lr=float("nan")), "lr"), (dict(betas=(0.9,)), "betas"),
+                    (dict(betas=(0.9, 1.0)), r"betas\[1\]"), (dict(eps=0.0), "eps"),
+                    (dict(weight_decay=-1.0), "weight_decay")):
+        with pytest.raises(ValueError, match=msg):
+            LazyAdam([x], **kw)
+    with pytest.raises(TypeError, match="rows must be a bool"):
+        LazyAdam([x], rows=1)
+    with pytest.raises(ValueError, match="at least one dim"):
+        LazyAdam([torch.nn.Parameter(torch.zeros(()))], rows=True)
+    opt = LazyAdam([x])
+    with pytest.raises(ValueError, match="lr"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))], "lr": -1.0})
+    x.grad = torch.zeros(3, 2).to_sparse()
+    with pytest.raises(RuntimeError, match="dense gradients"):
+        opt.step()
+    H = _oscillator()
+    q, p, _ = _data(H, B=2, T=5)
+    tf = TrajectoryFit(SeparableHNN(1, width=4), q, p, dt=0.1, segment=2)
+    with pytest.raises(ValueError, match="needs name='adam'"):
+        tf.optimizer(name="sgd", lazy_states=True)
+    with pytest.raises(TypeError, match="lazy_states must be a bool"):
+        tf.optimizer(lazy_states="yes")
+    assert isinstance(tf.optimizer(name="sgd"), torch.optim.SGD)

@@ -158,10 +158,11 @@ def shooting_fit(arm: Arm, model, task: Task, *, shooting: dict | None = None) -
 def train(arm: Arm, task: Task, *, seed: int, steps: int, batch_size: int | None, lr: float,
           weight_decay: float, substeps: int = 1, width: int = 200, depth: int = 2,
           progress: bool = True, max_time: float | None = None, dtype=torch.float32,
-          shooting: dict | None = None):
+          shooting: dict | None = None, lr_schedule=None):
     """Seeded model + fit; returns (model, fit history).  The shooting arms fit a
     TrajectoryFit (model + node states, the states with their own lr and no weight decay) on
-    batches of ``batch_size`` segments; the model is returned alone."""
+    batches of ``batch_size`` segments; the model is returned alone.  ``lr_schedule``: fit's
+    (None: constant lr; "cosine"), the same for every arm."""
     seed_everything(seed)
     model = build_model(arm, task, width=width, depth=depth).to(dtype)
     desc = f"{task.name}, {arm.label}, seed {seed}"
@@ -170,12 +171,13 @@ def train(arm: Arm, task: Task, *, seed: int, steps: int, batch_size: int | None
         tf = shooting_fit(arm, model, task.to(dtype), shooting=shooting)
         opt = tf.optimizer(lr=lr, state_lr=sh["state_lr"], weight_decay=weight_decay)
         hist = fit(tf, TrajectoryFit.loss, tf.segments, steps=steps, batch_size=batch_size,
-                   optimizer=opt, seed=seed, progress=progress, desc=desc, max_time=max_time)
+                   optimizer=opt, seed=seed, progress=progress, desc=desc, max_time=max_time,
+                   lr_schedule=lr_schedule)
         return model, hist
     loss_fn, data = loss_and_data(arm, task.to(dtype), substeps=substeps)
     hist = fit(model, loss_fn, data, steps=steps, batch_size=batch_size, lr=lr,
                weight_decay=weight_decay, seed=seed, progress=progress,
-               desc=desc, max_time=max_time)
+               desc=desc, max_time=max_time, lr_schedule=lr_schedule)
     return model, hist
 
 

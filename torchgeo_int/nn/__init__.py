@@ -16,6 +16,7 @@ from .metrics import (energy_drift, energy_mse, hamiltonian_error, predict, roll
 from .modules import HNN, MLP, MLPVectorField, MechanicalHNN, ScalarMLP, SeparableHNN
 from .correction import (CorrectedHamiltonian, ModifiedHamiltonian, correct_hamiltonian,
                          modified_hamiltonian)
+from .optim import LazyAdam
 from .shooting import TrajectoryFit
 from .training import (TensorBatches, fit, load_checkpoint, make_optimizer, save_checkpoint,
                        seed_everything)
@@ -26,7 +27,7 @@ __all__ = [
     "rollout_loss", "residual_loss", "derivative_loss", "finite_differences", "make_windows",
     "fit", "seed_everything", "make_optimizer", "TensorBatches", "save_checkpoint",
     "load_checkpoint",
-    "TrajectoryFit", "ModifiedHamiltonian", "CorrectedHamiltonian", "modified_hamiltonian",
+    "TrajectoryFit", "LazyAdam", "ModifiedHamiltonian", "CorrectedHamiltonian", "modified_hamiltonian",
     "correct_hamiltonian",
     "predict", "state_mse", "rollout_mse", "energy_mse", "energy_drift", "hamiltonian_error",
     "PortHamiltonianNN", "PSDMatrix", "StateDamping", "InputMap", "forced_rollout_loss",

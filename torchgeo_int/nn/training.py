@@ -52,6 +52,23 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def lr_factor(schedule, step: int, total: int) -> float:
+    """The factor that ``fit``'s ``lr_schedule`` applies to every group's initial lr at step
+    ``step`` (0-based) of ``total``: ``None`` → 1, ``"cosine"`` → ½(1 + cos(π·step/total))
+    (from 1 at the first step towards 0 at the last, Loshchilov & Hutter 2017, no restarts),
+    a callable → ``schedule(step, total)``."""
+    if schedule is None:
+        return 1.0
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * step / max(total, 1)))
+    value = schedule(step, total)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0:
+        raise ValueError(f"lr_schedule(step, total) must return a finite number >= 0, got {value!r} "
+                         f"at step {step}")
+    return float(value)
+
+
 _OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
 
 
@@ -323,7 +340,7 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
         shuffle: bool = True, seed: int = 0, grad_clip: float | None = None,
         progress: bool = True, desc: str = "training", log_every: int = 10,
         checkpoint=None, checkpoint_every: int | None = None, resume=False,
-        max_time: float | None = None, threads="auto") -> dict:
+        max_time: float | None = None, threads="auto", lr_schedule=None) -> dict:
     r"""Minimise ``loss_fn(model, *batch)`` by gradient steps; returns
     ``{"loss": [per-step losses], "step": steps done in total, "seconds": wall time of this call,
     "stopped": "steps" | "time"}``.
@@ -348,6 +365,15 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
     numbers — HNN-sized batches gain nothing from OpenMP threads, and on a machine shared with
     other jobs their spin-waits made training through rollouts 16× slower — and leaves torch's
     setting otherwise; an int sets it; ``None`` leaves it alone.
+
+    ``lr_schedule``: ``None`` (constant learning rates), ``"cosine"`` (every parameter group's
+    lr decays as ½(1 + cos(π·step/total)) from its initial value, towards 0 at the last step), or
+    a callable ``(step, total) -> factor``; the group's initial lr is kept in its
+    ``"initial_lr"`` entry (saved with the optimizer, so a resumed run continues the schedule;
+    ``"cosine"`` spans this call's ``total`` steps, so resume with the same ``steps=``).
+    Full-batch Adam at a constant lr can end in a transient loss spike (the loss floor is flat
+    and Adam's step lr/√v̂ grows as the gradients shrink); a decaying lr ends at a settled
+    iterate.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -368,6 +394,9 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
             or (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1)):
         raise ValueError(f"threads must be 'auto', None or an int >= 1, got {threads!r}")
 
+    if not (lr_schedule is None or lr_schedule == "cosine" or callable(lr_schedule)):
+        raise ValueError(f"lr_schedule must be None, 'cosine' or a callable (step, total) -> factor, "
+                         f"got {lr_schedule!r}")
     batches = _as_batches(data, batch_size, shuffle, seed)
     per_epoch = len(batches)
     total = steps if steps is not None else epochs * per_epoch
@@ -441,6 +470,11 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
                     raise
                 if grad_clip is not None:
                     nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+                if lr_schedule is not None:
+                    factor = lr_factor(lr_schedule, step, total)
+                    for group in opt.param_groups:
+                        group.setdefault("initial_lr", group["lr"])
+                        group["lr"] = group["initial_lr"] * factor
                 opt.step()
                 pending.append(loss.detach())
                 step += 1
@@ -463,5 +497,5 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
     return {"loss": losses, "step": step, "seconds": time.perf_counter() - t0, "stopped": stopped}
 
 
-__all__ = ["fit", "seed_everything", "make_optimizer", "TensorBatches", "save_checkpoint",
+__all__ = ["fit", "lr_factor", "seed_everything", "make_optimizer", "TensorBatches", "save_checkpoint",
            "load_checkpoint", "CheckpointError", "is_main_process"]
