@@ -66,7 +66,9 @@ def main(argv=None):
     batch = a.batch if a.batch is not None else budget["batch"]
     if batch is None:  # full batch: the largest multiple of W (single-process: batch_size=that)
         batch = n - n % W
-    opts = dict(steps=steps, lr=cfg["lr"], weight_decay=cfg["weight_decay"], seed=a.seed)
+    # the study's lr schedule too (CONFIG: cosine), so a DDP run trains as experiments.hnn.run does
+    opts = dict(steps=steps, lr=cfg["lr"], weight_decay=cfg["weight_decay"], seed=a.seed,
+                lr_schedule=cfg.get("lr_schedule"))
 
     def fresh_model():
         seed_everything(a.seed)
