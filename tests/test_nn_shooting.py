@@ -365,34 +365,26 @@ def test_trajectory_fit_minibatch_moves_only_the_reached_node_states():
     assert type(opt).__name__ == "LazyAdam" and [g["rows"] for g in opt.param_groups] == [False, True]
     ids = torch.tensor([0, 5, 11])      # traj 0 seg 0, traj 1 seg 1, traj 2 seg 3 (its last)
     reached = {0, 1, 5, 6, 11}          # the batch's nodes and, through continuity, the next ones
-    for _ in range(3):
-        before = torch.cat([tf.q_nodes, tf.p_nodes], -1).detach().reshape(24, 2).clone()
-        loss = tf(ids)
-        opt.zero_grad()
+    nodes = lambda: torch.cat([tf.q_nodes, tf.p_nodes], -1).detach().reshape(24, 2).clone()  # noqa: E731
+
+    def moved_by(optimizer, batch):
+        """The node rows that one training step on ``batch`` moved."""
+        before = nodes()
+        loss = tf(batch)
+        optimizer.zero_grad()
         loss.backward()
-        opt.step()
-        after = torch.cat([tf.q_nodes, tf.p_nodes], -1).detach().reshape(24, 2)
-        moved = {i for i in range(24) if not torch.equal(after[i], before[i])}
-        assert moved == reached
+        optimizer.step()
+        after = nodes()
+        return {i for i in range(24) if not torch.equal(after[i], before[i])}
+    for _ in range(3):
+        assert moved_by(opt, ids) == reached
     # the same steps with another batch: rows seen before but not now stay where they are
-    before = torch.cat([tf.q_nodes, tf.p_nodes], -1).detach().reshape(24, 2).clone()
-    loss = tf(torch.tensor([20]))
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    after = torch.cat([tf.q_nodes, tf.p_nodes], -1).detach().reshape(24, 2)
-    assert {i for i in range(24) if not torch.equal(after[i], before[i])} == {20, 21}
+    assert moved_by(opt, torch.tensor([20])) == {20, 21}
     # torch.optim.Adam (lazy_states=False) moves the rows of the earlier batch as well
     adam = tf.optimizer(lr=1e-3, state_lr=1e-2, lazy_states=False)
     assert isinstance(adam, torch.optim.Adam)
-    for batch in (ids, torch.tensor([20])):
-        before = torch.cat([tf.q_nodes, tf.p_nodes], -1).detach().reshape(24, 2).clone()
-        loss = tf(batch)
-        adam.zero_grad()
-        loss.backward()
-        adam.step()
-    after = torch.cat([tf.q_nodes, tf.p_nodes], -1).detach().reshape(24, 2)
-    assert {i for i in range(24) if not torch.equal(after[i], before[i])} == reached | {20, 21}
+    moved_by(adam, ids)
+    assert moved_by(adam, torch.tensor([20])) == reached | {20, 21}
 
 
 def test_lazy_adam_full_batch_fit_matches_adam_and_resumes(tmp_path):

@@ -50,6 +50,18 @@ def check_int(value, name: str, minimum: int) -> int:
     return value
 
 
+def check_real(value, name: str, lo: float, hi: float | None = None, *,
+               lo_open: bool = False) -> float:
+    """A finite real (an int or float, not a bool) >= lo (> lo with ``lo_open``) and < hi, as a
+    float: learning rates, decay rates, weights."""
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+          and (value > lo if lo_open else value >= lo) and (hi is None or value < hi))
+    if not ok:
+        bound = f"{'>' if lo_open else '>='} {lo:g}" + (f" and < {hi:g}" if hi is not None else "")
+        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
+    return float(value)
+
+
 def check_nonzero(x, name: str, what: str = "number") -> float:
     """A finite nonzero real (an int or float, not a bool), as a float: a step size h, a data
     spacing dt.  ``what`` names it in the message ("step size", "number")."""

@@ -206,10 +206,6 @@ class _Struct:
         return tuple(torch.where(done.unsqueeze(-1) if x.dim() else done, x, y)
                      for x, y in zip(a, b))
 
-    @staticmethod
-    def residual(new, old, diff=True):
-        return residual_of(new, old, diff)
-
     def flatten(self, zs):
         return torch.cat([t.reshape(*self.batch, n) for t, n in zip(zs, self.sizes)], -1)
 
@@ -283,7 +279,7 @@ def _iterate(step, z, struct, tol, max_iter, check_every, what, hint, chunk=None
             if k % check_every and k != max_iter:
                 z = new
                 continue
-            r = struct.residual(new, z)
+            r = residual_of(new, z)
         if r.numel() == 0:   # an empty batch: no sample to converge (aminmax has no identity)
             return new, k
         active = r if done is None else torch.where(done, torch.zeros_like(r), r)
@@ -559,7 +555,7 @@ def newton(residual, z0, *, args=(), tol=None, max_iter=50, damping=1.0, backwar
             r = res(xl)
         rd = r.detach()
         nr = rd.abs().amax(-1)
-        rel = struct.residual(struct.unflatten(rd), struct.unflatten(x.detach()), diff=False)
+        rel = residual_of(struct.unflatten(rd), struct.unflatten(x.detach()), diff=False)
         active = ~done
         reject = active & (halvings < _MAX_HALVINGS) & ~(nr <= nr_prev)  # NaN counts as growth
         nonfinite = nonfinite | (active & ~reject & ~torch.isfinite(rel))

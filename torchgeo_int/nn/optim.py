@@ -22,16 +22,9 @@ import math
 
 import torch
 
+from .._validate import check_real
+
 Tensor = torch.Tensor
-
-
-def _check(value, name, lo, hi=None, *, lo_open=False):
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-        and (value > lo if lo_open else value >= lo) and (hi is None or value < hi)
-    if not ok:
-        bound = f"{'>' if lo_open else '>='} {lo}" + (f" and < {hi}" if hi is not None else "")
-        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
-    return float(value)
 
 
 class LazyAdam(torch.optim.Optimizer):
@@ -54,14 +47,14 @@ class LazyAdam(torch.optim.Optimizer):
 
     @staticmethod
     def _check_group(group):
-        _check(group["lr"], "lr", 0.0, lo_open=True)
+        check_real(group["lr"], "lr", 0.0, lo_open=True)
         betas = group["betas"]
         if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
             raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
         for i, b in enumerate(betas):
-            _check(b, f"betas[{i}]", 0.0, 1.0)
-        _check(group["eps"], "eps", 0.0, lo_open=True)
-        _check(group["weight_decay"], "weight_decay", 0.0)
+            check_real(b, f"betas[{i}]", 0.0, 1.0)
+        check_real(group["eps"], "eps", 0.0, lo_open=True)
+        check_real(group["weight_decay"], "weight_decay", 0.0)
         if not isinstance(group["rows"], bool):
             raise TypeError(f"rows must be a bool, got {group['rows']!r}")
         if group["rows"]:

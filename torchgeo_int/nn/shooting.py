@@ -28,12 +28,11 @@ minibatching moves only the states that the batch reaches (:class:`~torchgeo_int
 """
 from __future__ import annotations
 
-import math
 
 import torch
 from torch import nn
 
-from .._validate import check_finite
+from .._validate import check_finite, check_real
 from ..rollout import as_system, rollout
 from .losses import check_data
 from .optim import LazyAdam
@@ -48,11 +47,7 @@ def _int(value, name, minimum):
 
 
 def _positive(value, name, *, allow_zero=False):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{name} must be a finite {'non-negative' if allow_zero else 'positive'} "
-                         f"number, got {value!r}")
-    return float(value)
+    return check_real(value, name, 0.0, lo_open=not allow_zero)
 
 
 class TrajectoryFit(nn.Module):
