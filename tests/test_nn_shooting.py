@@ -175,6 +175,94 @@ def test_trajectory_fit_errors():
     with pytest.raises(ValueError, match="no trainable parameters"):
         tf.optimizer()
 
+    with pytest.raises(ValueError, match="gauss_newton must be an int"):
+        TrajectoryFit(H, q, p, dt=0.1, gauss_newton=-1)
+    solved = TrajectoryFit(SeparableHNN(1, width=4), q, p, dt=0.1, gauss_newton=1)
+    with pytest.raises(ValueError, match="state_lr has no effect"):
+        solved.optimizer(state_lr=1e-2)
+    with pytest.raises(ValueError, match="steps must be an int"):
+        solved.solve_states(steps=0)
+
+
+# ---------------------------------------------------------------- solved node states
+
+
+@pytest.mark.parametrize("segment", [None, 4])
+def test_gauss_newton_states_reach_the_minimiser_of_the_loss(segment):
+    """H fixed: from perturbed nodes, Gauss–Newton recovers the exact states of Verlet data
+    (single shooting quadratically), and on noisy data it reaches the states that L-BFGS finds
+    for the same loss."""
+    H = _pendulum()
+    q, p, _ = _data(H, B=6, T=21)
+    tf = TrajectoryFit(H, q, p, dt=0.1, segment=segment, gauss_newton=1).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        tf.q_nodes += 0.1 * torch.randn(tf.q_nodes.shape, generator=g)
+        tf.p_nodes += 0.1 * torch.randn(tf.p_nodes.shape, generator=g)
+    losses = [float(tf())]
+    for _ in range(4 if segment is None else 30):
+        tf.solve_states()
+        losses.append(float(tf()))
+    assert all(b <= a for a, b in zip(losses, losses[1:]))          # monotone
+    assert losses[-1] < 1e-24 if segment is None else losses[-1] < 1e-12 * losses[0]
+    if segment is None:
+        assert losses[2] < 1e-6 * losses[1]                              # quadratic
+    qn, pn, _ = _data(H, B=6, T=21, noise=0.1, seed=2)
+    solved = TrajectoryFit(H, qn, pn, dt=0.1, segment=segment, gauss_newton=2).eval()
+    best = solved.solve_states(steps=40 if segment else 6)
+    ref = TrajectoryFit(H, qn, pn, dt=0.1, segment=segment)
+    opt = torch.optim.LBFGS([ref.q_nodes, ref.p_nodes], max_iter=400, tolerance_grad=1e-14,
+                            tolerance_change=1e-16, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = ref()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    assert float(solved()) == pytest.approx(float(ref().detach()), rel=1e-7)
+    torch.testing.assert_close(solved.q_nodes, ref.q_nodes.detach(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(solved.p_nodes, ref.p_nodes.detach(), atol=1e-5, rtol=0)
+    assert best.shape == (6 * solved.n_segments,) and bool((best >= 0).all())
+
+
+def test_gauss_newton_solves_only_the_batch_and_the_model_trains_at_solved_states():
+    """Training mode solves the batch's nodes before the loss (the others stay), the states carry
+    no graph and are not in the optimizer; a fit of single shooting with solved states trains the
+    model, and the gradient is the reduced loss's (the states' own gradient vanishes at the
+    solution: envelope theorem)."""
+    H = _oscillator()
+    q, p, _ = _data(H, B=8, T=13, noise=0.05, seed=2)
+    torch.manual_seed(0)
+    model = SeparableHNN(1, width=16)
+    tf = TrajectoryFit(model, q, p, dt=0.1, segment=4, gauss_newton=1)
+    assert not tf.q_nodes.requires_grad and not tf.p_nodes.requires_grad
+    opt = tf.optimizer(lr=3e-3, weight_decay=1e-4)
+    assert len(opt.param_groups) == 1 and opt.param_groups[0]["weight_decay"] == 1e-4
+    before = tf.q_nodes.detach().clone()
+    tf(torch.tensor([0, 5]))                                     # segments 0 and 5 of 24
+    moved = (tf.q_nodes.detach() != before).reshape(-1)
+    assert bool(moved[[0, 5]].all()) and not bool(moved[[1, 2, 3, 4, 6]].any())
+    tf.eval()                                                    # evaluation never solves
+    frozen = tf.q_nodes.detach().clone()
+    tf()
+    assert torch.equal(tf.q_nodes.detach(), frozen)
+    tf.train()
+    # the envelope theorem: at solved single-shooting states, d loss / d states ≈ 0
+    single = TrajectoryFit(model, q, p, dt=0.1, gauss_newton=1).eval()
+    single.solve_states(steps=6)
+    zq = single.q_nodes.detach().clone().requires_grad_(True)
+    zp = single.p_nodes.detach().clone().requires_grad_(True)
+    free = TrajectoryFit(model, q, p, dt=0.1, q0=zq, p0=zp)
+    gq, gp = torch.autograd.grad(free(), (free.q_nodes, free.p_nodes))
+    assert float(torch.cat([gq, gp]).abs().max()) < 1e-9
+    first = float(single().detach())
+    single.train()
+    hist = fit(single, TrajectoryFit.loss, single.segments, steps=80, optimizer=single.optimizer(lr=3e-3),
+               progress=False)
+    assert hist["loss"][-1] < 0.5 * first
+
 
 # ---------------------------------------------------------------- modified Hamiltonians
 

@@ -1,7 +1,7 @@
 r"""Diagnose the shooting arms (e) / (e′) of the HNN study on a one-degree-of-freedom task.
 
     python -m experiments.hnn.diagnose --task pendulum --arms e,e4 --steps 2000 --every 200 \
-        --seed 100 [--state-lr 1e-2] [--continuity 1] [--segment 4] [--substeps 1] \
+        --seed 100 [--state-lr 1e-2] [--continuity 1] [--segment 4] [--substeps 1] [--gauss-newton 1] \
         [--batch-size N] [--state-optimizer adam|lazy] [--schedule cosine] [--data-seed 100] \
         [--tag NAME] [--out results]
 
@@ -54,7 +54,7 @@ from torchgeo_int.nn.shooting import TrajectoryFit
 
 from . import data as datasets
 from .run import CONFIG, SHOOTING as TASK_SHOOTING
-from .train import SHOOTING, arms as make_arms, build_model, evaluate, shooting_fit, train
+from .train import SHOOTING, arms as make_arms, build_model, evaluate, shooting_fit, state_lr, train
 
 
 def clean_training_states(task_name: str, seed: int, task) -> torch.Tensor:
@@ -105,7 +105,7 @@ def run_arm(arm, task, clean, *, seed, steps, every, lr, weight_decay, shooting,
     seed_everything(seed)
     model = build_model(arm, task).float()
     tf = shooting_fit(arm, model, task.to(torch.float32), shooting=shooting)
-    opt = tf.optimizer(lr=lr, state_lr=shooting["state_lr"], weight_decay=weight_decay,
+    opt = tf.optimizer(lr=lr, state_lr=state_lr(shooting), weight_decay=weight_decay,
                        **(opt_options or {}))
     B, S, seg = tf.trajectories, tf.n_segments, tf.segment
     clean_nodes = clean[:, :S * seg:seg]                              # (B, S, 2n)
@@ -134,7 +134,9 @@ def run_arm(arm, task, clean, *, seed, steps, every, lr, weight_decay, shooting,
               f"{r['state']:.3e}  hw max {r['hw_max']:.3f} p99 {r['hw_p99']:.3f}", flush=True)
 
     t0 = time.perf_counter()
+    tf.eval()                            # the step-0 loss must not solve the states (gauss_newton)
     log(0, float(tf(all_ids).detach()))
+    tf.train()
     losses = []
     step, epoch = 0, 0
     while step < steps:
@@ -212,6 +214,8 @@ def main(argv=None):
     ap.add_argument("--segment", type=int)
     ap.add_argument("--continuity", type=float)
     ap.add_argument("--state-lr", type=float)
+    ap.add_argument("--gauss-newton", type=int, help="Gauss–Newton steps on the batch's node states "
+                    "per training step (TrajectoryFit's gauss_newton; 0: learned by the optimizer)")
     ap.add_argument("--substeps", type=int, default=1, help="substeps of arm (e)")
     ap.add_argument("--method2")
     ap.add_argument("--substeps2", type=int)
@@ -232,7 +236,7 @@ def main(argv=None):
     opt_options = ({} if args.state_optimizer is None
                    else {"lazy_states": args.state_optimizer == "lazy"})
     shooting = dict(SHOOTING, **TASK_SHOOTING[args.task])
-    for k in ("segment", "continuity", "state_lr", "method2", "substeps2"):
+    for k in ("segment", "continuity", "state_lr", "method2", "substeps2", "gauss_newton"):
         v = getattr(args, k)
         if v is not None:
             shooting[k] = v

@@ -106,7 +106,13 @@ def arms(task: Task, *, b_model: str = "auto", node_window: int = 5, windows=(1,
 
 
 #: Defaults of the shooting arms (e), (e′), (f); run.CONFIG sets them per task.
-SHOOTING = dict(segment=None, continuity=1.0, state_lr=1e-3, method2="yoshida4", substeps2=1)
+SHOOTING = dict(segment=None, continuity=1.0, state_lr=1e-3, method2="yoshida4", substeps2=1,
+                gauss_newton=0)
+
+
+def state_lr(sh: dict):
+    """The node states' learning rate, or None where they are solved (``gauss_newton`` > 0)."""
+    return None if sh["gauss_newton"] else sh["state_lr"]
 
 
 def build_model(arm: Arm, task: Task, *, width: int = 200, depth: int = 2):
@@ -152,7 +158,7 @@ def shooting_fit(arm: Arm, model, task: Task, *, shooting: dict | None = None) -
         q, p = q[:, :keep], p[:, :keep]
     return TrajectoryFit(model, q, p, dt=task.dt, segment=seg,
                          method=arm.train_method or arm.method, substeps=arm.substeps,
-                         continuity=sh["continuity"])
+                         continuity=sh["continuity"], gauss_newton=sh["gauss_newton"])
 
 
 def train(arm: Arm, task: Task, *, seed: int, steps: int, batch_size: int | None, lr: float,
@@ -169,7 +175,7 @@ def train(arm: Arm, task: Task, *, seed: int, steps: int, batch_size: int | None
     if arm.loss == "shooting":
         sh = dict(SHOOTING, **(shooting or {}))
         tf = shooting_fit(arm, model, task.to(dtype), shooting=shooting)
-        opt = tf.optimizer(lr=lr, state_lr=sh["state_lr"], weight_decay=weight_decay)
+        opt = tf.optimizer(lr=lr, state_lr=state_lr(sh), weight_decay=weight_decay)
         hist = fit(tf, TrajectoryFit.loss, tf.segments, steps=steps, batch_size=batch_size,
                    optimizer=opt, seed=seed, progress=progress, desc=desc, max_time=max_time,
                    lr_schedule=lr_schedule)

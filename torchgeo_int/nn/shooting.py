@@ -25,6 +25,19 @@ node's state whether or not that segment is in the batch.  Weight decay must not
 states to zero: :meth:`TrajectoryFit.optimizer` gives the model and the states separate groups
 (weight decay on the model only, and a learning rate of their own for the states), and under
 minibatching moves only the states that the batch reaches (:class:`~torchgeo_int.nn.LazyAdam`).
+
+**Solved node states** (``gauss_newton=k``): the node states are *incidental* parameters — each
+is seen only by its own segment — and first-order steps converge them slowly: under minibatches
+a node is reached once every B·S / batch steps, and a decaying learning rate stops it before it
+has averaged out the noise (noisy two-body, 1000 × 200 steps: RMS node error 0.12 against the
+observations' 0.28, where its 8 observations and the continuity ties allow ≈ 0.04).  With k > 0
+the states are not learned by the optimizer but *solved*: before each loss evaluation in training
+mode, k Gauss–Newton steps minimise the full loss over the batch's node states with H_θ fixed
+(each node with its neighbours fixed: red–black block Gauss–Seidel sweeps).  The model then takes its gradient
+step at (nearly) optimal states — the variable-projection method for separable least squares
+(Golub & Pereyra, SIAM J. Numer. Anal. 1973), where by the envelope theorem ∂L/∂θ at the
+solved states is the gradient of the reduced loss θ ↦ min_z L(θ, z).  The states then carry no
+graph (``requires_grad=False``) and :meth:`TrajectoryFit.optimizer` has only the model's group.
 """
 from __future__ import annotations
 
@@ -61,6 +74,9 @@ class TrajectoryFit(nn.Module):
     defects (≥ 0; unused with one segment).  ``q0, p0``: initial node states of shape
     ``(B, S, n)`` (or ``(B, n)`` when S = 1) instead of the observations at the nodes.
     ``rollout_options`` go to :func:`torchgeo_int.rollout` (``grad="checkpoint"`` …).
+    ``gauss_newton``: Gauss–Newton steps on the batch's node states before every training-mode
+    loss evaluation (0: the states are learned by the optimizer; see the module docstring and
+    :meth:`solve_states`).
 
     Attributes: ``model``, ``q_nodes`` / ``p_nodes`` (``nn.Parameter`` of shape ``(B, S, n)``),
     ``segments`` (the tuple ``(arange(B·S),)``, the data to hand to ``fit``).
@@ -68,7 +84,8 @@ class TrajectoryFit(nn.Module):
 
     def __init__(self, model, q: Tensor, p: Tensor, *, dt: float, segment: int | None = None,
                  method="verlet", substeps: int = 1, continuity: float = 1.0,
-                 q0: Tensor | None = None, p0: Tensor | None = None, **rollout_options):
+                 q0: Tensor | None = None, p0: Tensor | None = None, gauss_newton: int = 0,
+                 **rollout_options):
         super().__init__()
         system = as_system(model)
         if getattr(system, "time_dependent", False):
@@ -103,8 +120,10 @@ class TrajectoryFit(nn.Module):
             q0, p0 = (self._check_states(x, name, q) for x, name in ((q0, "q0"), (p0, "p0")))
         else:
             q0, p0 = q[:, :intervals:seg], p[:, :intervals:seg]          # observations at the nodes
-        self.q_nodes = nn.Parameter(q0.detach().clone())
-        self.p_nodes = nn.Parameter(p0.detach().clone())
+        self.gauss_newton = _int(gauss_newton, "gauss_newton", 0)
+        solved = self.gauss_newton > 0           # solved states are not learned: no graph to them
+        self.q_nodes = nn.Parameter(q0.detach().contiguous().clone(), requires_grad=not solved)
+        self.p_nodes = nn.Parameter(p0.detach().contiguous().clone(), requires_grad=not solved)
 
     def _check_states(self, x, name, like):
         B, S, n = self.trajectories, self.n_segments, self.dim
@@ -148,6 +167,8 @@ class TrajectoryFit(nn.Module):
         if bool(((index < 0) | (index >= total)).any()):
             raise ValueError(f"segment ids must lie in [0, {total}) ({self.trajectories} trajectories "
                              f"× {self.n_segments} segments), got {index.min().item()}..{index.max().item()}")
+        if self.gauss_newton and self.training:
+            self.solve_states(index, steps=self.gauss_newton)
         n, seg, S = self.dim, self.segment, self.n_segments
         qn, pn = self.q_nodes.reshape(total, n), self.p_nodes.reshape(total, n)
         qs, ps = rollout(self.model, qn[index], pn[index], h=self.dt / self.substeps,
@@ -164,6 +185,100 @@ class TrajectoryFit(nn.Module):
                 dp = ps[-1][inner] - pn[nxt]
                 loss = loss + self.continuity * 0.5 * ((dq * dq).mean() + (dp * dp).mean())
         return loss
+
+    def _roll(self, z: Tensor):
+        """Φ^{(j)}(z), j = 0..segment, of states z (N, 2n): (segment + 1, N, 2n), no graph."""
+        n = self.dim
+        qs, ps = rollout(self.model, z[:, :n], z[:, n:], h=self.dt / self.substeps,
+                         steps=self.segment * self.substeps, method=self.method,
+                         save_every=self.substeps, **self.rollout_options)
+        return torch.cat([qs, ps], -1)
+
+    @torch.no_grad()
+    def solve_states(self, index: Tensor | None = None, *, steps: int = 1) -> Tensor:
+        r"""``steps`` Gauss–Newton sweeps over the node states of the segments ``index`` (all if
+        None), H_θ fixed; returns the local objective ℓ of each node after the last sweep.
+
+        Node z = z_{b,s} minimises its part of the full loss (the data of its segment and the
+        continuity terms that contain it, with the weights of the full-batch loss),
+
+            ℓ(z) = 1/(segment+1) Σ_j |Φ^{(j)}(z) − x_j|²
+                   + w′ (|Φ^{(segment)}(z) − z_{s+1}|² + |Φ^{(segment)}(z_{s−1}) − z|²),
+            w′ = w · S / (S − 1),
+
+        with its neighbours fixed at their current values.  A sweep updates the even nodes s,
+        then the odd ones (red–black block Gauss–Seidel: each half sees its neighbours' new
+        states, about twice Jacobi's rate on this chain).  The Jacobians ∂Φ^{(j)}/∂z come from
+        one graph-free rollout of the 2n + 1 states z and z + ε e_k (forward differences,
+        ε = √u · max(1, |z|_∞), u the unit roundoff): 2n graph-free rollouts cost less than the
+        (segment + 1)·2n reverse passes through autograd-defined forces that exact Jacobians
+        would need, and a Gauss–Newton step needs them only to the accuracy of its linear model.
+        The normal equations get a Levenberg–Marquardt shift of 10⁻⁶ of their mean diagonal, and
+        a node keeps its old state where the step does not lower ℓ (a monotone iteration).  With
+        one segment (single shooting) a sweep is one Gauss–Newton step of a separable least
+        squares problem per trajectory: quadratic convergence on consistent data."""
+        steps = _int(steps, "steps", 1)
+        total, S = self.trajectories * self.n_segments, self.n_segments
+        if index is None:
+            index = torch.arange(total, device=self.q_nodes.device)
+        best = torch.empty(index.shape[0], dtype=self.q_nodes.dtype, device=index.device)
+        colors = [(index % S) % 2 == c for c in (0, 1)] if S > 1 else [torch.ones_like(index, dtype=torch.bool)]
+        for _ in range(steps):
+            for color in colors:
+                if bool(color.any()):
+                    best[color] = self._gauss_newton_step(index[color])
+        return best
+
+    def _gauss_newton_step(self, index: Tensor) -> Tensor:
+        """One monotone Gauss–Newton step on the nodes ``index`` (neighbours fixed), written into
+        ``q_nodes`` / ``p_nodes``; ℓ per node after it (see :meth:`solve_states`)."""
+        total, S, n, seg = self.trajectories * self.n_segments, self.n_segments, self.dim, self.segment
+        m = 2 * n
+        nodes = torch.cat([self.q_nodes, self.p_nodes], -1).reshape(total, m)
+        obs = torch.cat([self.q_obs[index], self.p_obs[index]], -1).transpose(0, 1)   # (seg+1, N, m)
+        a = 1.0 / (seg + 1)
+        w = self.continuity * S / (S - 1) if S > 1 else 0.0
+        none = torch.zeros_like(index, dtype=torch.bool)
+        has_prev = (index % S) != 0 if w > 0 else none
+        has_next = (index % S) != S - 1 if w > 0 else none
+        # the previous segments' ends Φ^{(segment)}(z_{s−1}) do not depend on z: one rollout
+        prev_end = self._roll(nodes[index[has_prev] - 1])[-1] if bool(has_prev.any()) else None
+        nxt = nodes[index[has_next] + 1]
+        eye = torch.eye(m, dtype=nodes.dtype, device=nodes.device)
+
+        def objective(F, z):                               # ℓ per node from its rollout F
+            val = a * ((F - obs) ** 2).sum((0, 2))
+            if prev_end is not None:
+                val[has_prev] += w * ((prev_end - z[has_prev]) ** 2).sum(-1)
+            if nxt.shape[0]:
+                val[has_next] += w * ((F[-1][has_next] - nxt) ** 2).sum(-1)
+            return val
+
+        z = nodes[index]
+        N = z.shape[0]
+        eps = torch.finfo(z.dtype).eps ** 0.5 * z.abs().amax(-1, keepdim=True).clamp_min(1.0)
+        Z = z.unsqueeze(1).repeat(1, m + 1, 1)                              # (N, m + 1, m)
+        Z[:, 1:] += torch.diag_embed(eps.expand(N, m))
+        X = self._roll(Z.reshape(N * (m + 1), m)).reshape(seg + 1, N, m + 1, m)
+        F = X[:, :, 0]                                                       # Φ^{(j)}(z)
+        J = ((X[:, :, 1:] - F.unsqueeze(2)) / eps[:, :, None]).transpose(-1, -2)   # (seg+1, N, out, in)
+        A = a * torch.einsum("jnoi,jnok->nik", J, J)
+        g = a * torch.einsum("jnoi,jno->ni", J, F - obs)
+        if nxt.shape[0]:
+            Jn = J[-1][has_next]
+            A[has_next] += w * Jn.transpose(-1, -2) @ Jn
+            g[has_next] += w * (Jn.transpose(-1, -2) @ (F[-1][has_next] - nxt).unsqueeze(-1)).squeeze(-1)
+        if prev_end is not None:                            # residual Φ(z_{s−1}) − z: Jacobian −I
+            A[has_prev] += w * eye
+            g[has_prev] -= w * (prev_end - z[has_prev])
+        shift = 1e-6 * A.diagonal(dim1=-2, dim2=-1).mean(-1)[:, None, None] * eye
+        cand = z - torch.linalg.solve(A + shift, g.unsqueeze(-1)).squeeze(-1)
+        before, after = objective(F, z), objective(self._roll(cand), cand)
+        better = torch.isfinite(after) & (after < before)
+        z = torch.where(better[:, None], cand, z)
+        self.q_nodes.view(total, n)[index] = z[:, :n]
+        self.p_nodes.view(total, n)[index] = z[:, n:]
+        return torch.where(better, after, before)
 
     @torch.no_grad()
     def continuity_defects(self) -> Tensor:
@@ -205,8 +320,13 @@ class TrajectoryFit(nn.Module):
         if not model_params:
             raise ValueError("the model has no trainable parameters")
         lr = _positive(lr, "lr")
-        state_lr = lr if state_lr is None else _positive(state_lr, "state_lr")
         weight_decay = _positive(weight_decay, "weight_decay", allow_zero=True)
+        if self.gauss_newton:                  # solved states: the optimizer sees the model only
+            if state_lr is not None:
+                raise ValueError(f"state_lr has no effect: the node states are solved by Gauss–Newton "
+                                 f"(gauss_newton={self.gauss_newton}), not learned")
+            return opts[name]([{"params": model_params, "lr": lr, "weight_decay": weight_decay}], lr=lr)
+        state_lr = lr if state_lr is None else _positive(state_lr, "state_lr")
         groups = [{"params": model_params, "lr": lr, "weight_decay": weight_decay},
                   {"params": [self.q_nodes, self.p_nodes], "lr": state_lr, "weight_decay": 0.0}]
         if lazy_states:
