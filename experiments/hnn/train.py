@@ -15,10 +15,12 @@ r"""The arms of the HNN study: what is trained, on what, and how it is rolled ou
                (a) is: it tells a bad H_θ from a midpoint map of H_θ that has no step at h = dt.
 (d)   ``d``    unstructured Neural ODE (MLP vector field) trained through torchdiffeq's RK4 on
                windows of ``node_window`` steps; rolled out by the same RK4.
-(e)   ``e``    the model of (b) fitted to *whole* noisy trajectories with learned shooting-node
+(e)   ``e``    the model of (b) fitted to *whole* noisy trajectories with estimated shooting-node
                states (:class:`torchgeo_int.nn.TrajectoryFit`: initial-state estimation, SRNN,
                + multiple shooting with a continuity penalty) through Verlet at h = dt; rolled
-               out by Verlet at h = dt.
+               out by Verlet at h = dt.  The states are learned by the optimizer, or solved by
+               Gauss–Newton before each step (``gauss_newton``: variable projection), per task
+               in ``run.SHOOTING``.
 (e′)  ``e4``   the same through ``shooting["method2"]`` (yoshida4 at h = dt by default), rolled
                out by that method at the same step.
 (f)   ``f``, ``f_v``   (e)'s model (the same training, reused) corrected for Verlet's modified
@@ -89,11 +91,12 @@ def arms(task: Task, *, b_model: str = "auto", node_window: int = 5, windows=(1,
     sh = dict(SHOOTING, **(shooting or {}))
     seg = sh["segment"]
     grid = "single shooting" if seg is None else f"shooting segments of {seg} steps"
+    states = "Gauss–Newton-solved states" if sh["gauss_newton"] else "learned states"
     m2 = sh["method2"]
     sub2 = sh["substeps2"]
-    out.append(Arm("e", f"(e) {b_cls}, learned states, {grid}, {b_method}", b_cls, "shooting",
+    out.append(Arm("e", f"(e) {b_cls}, {states}, {grid}, {b_method}", b_cls, "shooting",
                    seg or 0, b_method, f"{b_method}, h = dt"))
-    out.append(Arm("e4", f"(e′) {b_cls}, learned states, {grid}, {m2}"
+    out.append(Arm("e4", f"(e′) {b_cls}, {states}, {grid}, {m2}"
                          f"{f' × {sub2} substeps' if sub2 > 1 else ''}", b_cls, "shooting", seg or 0, m2,
                    f"{m2}, h = dt{f'/{sub2}' if sub2 > 1 else ''}", substeps=sub2))
     out.append(Arm("f", f"(f) (e) + modified-H correction, rolled out by dopri5", b_cls, "shooting",
