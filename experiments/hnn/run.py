@@ -416,6 +416,8 @@ def main(argv=None):
     ap.add_argument("--segment", type=int, help="shooting segment length of (e)/(e′)/(f) (0: single shooting)")
     ap.add_argument("--continuity", type=float, help="continuity weight of the shooting arms")
     ap.add_argument("--state-lr", type=float, help="learning rate of the shooting-node states")
+    ap.add_argument("--gauss-newton", type=int, help="Gauss–Newton sweeps on the node states per "
+                    "step (0: states learned with --state-lr)")
     ap.add_argument("--method2", help="training/evaluation method of (e′) (default yoshida4)")
     ap.add_argument("--substeps2", type=int, help="substeps per data interval of (e′)")
     ap.add_argument("--b-model", choices=["auto", "hnn"], default="auto",
@@ -451,7 +453,8 @@ def main(argv=None):
         ap.error("--task is required (or --table DIR, or --compare QUICK_JSON FULL_JSON)")
     shooting = {k: v for k, v in dict(segment=args.segment, continuity=args.continuity,
                                       state_lr=args.state_lr, method2=args.method2,
-                                      substeps2=args.substeps2).items() if v is not None}
+                                      substeps2=args.substeps2,
+                                      gauss_newton=args.gauss_newton).items() if v is not None}
     if shooting.get("segment") == 0:
         shooting["segment"] = None
     rep = run(args.task, quick=args.quick, seeds=args.seeds, steps=args.steps, batch_size=args.batch_size,
