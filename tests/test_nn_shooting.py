@@ -182,6 +182,10 @@ def test_trajectory_fit_errors():
         solved.optimizer(state_lr=1e-2)
     with pytest.raises(ValueError, match="steps must be an int"):
         solved.solve_states(steps=0)
+    with pytest.raises(ValueError, match="distinct segment ids"):
+        solved.solve_states(torch.tensor([1, 1]))
+    with pytest.raises(ValueError, match=r"segment ids must lie in \[0, 3\)"):
+        solved.solve_states(torch.tensor([3]))
 
 
 # ---------------------------------------------------------------- solved node states

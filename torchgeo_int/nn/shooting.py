@@ -158,17 +158,23 @@ class TrajectoryFit(nn.Module):
         """The estimated states at t = 0 of the observed trajectories, ``(B, n)`` each (detached)."""
         return self.q_nodes[:, 0].detach(), self.p_nodes[:, 0].detach()
 
-    def forward(self, index: Tensor | None = None) -> Tensor:
-        """The loss over the segments ``index`` (integer tensor of flat ids b·S + s; all if None)."""
+    def _index(self, index: Tensor | None) -> Tensor:
+        """Checked flat segment ids b·S + s (all if None): distinct, in range."""
         total = self.trajectories * self.n_segments
         if index is None:
-            index = torch.arange(total, device=self.q_nodes.device)
+            return torch.arange(total, device=self.q_nodes.device)
         if not isinstance(index, Tensor) or index.is_floating_point() or index.is_complex() \
                 or index.dtype == torch.bool or index.dim() != 1 or index.numel() == 0:
             raise ValueError("index must be a non-empty 1-d integer tensor of segment ids")
         if bool(((index < 0) | (index >= total)).any()):
             raise ValueError(f"segment ids must lie in [0, {total}) ({self.trajectories} trajectories "
                              f"× {self.n_segments} segments), got {index.min().item()}..{index.max().item()}")
+        return index
+
+    def forward(self, index: Tensor | None = None) -> Tensor:
+        """The loss over the segments ``index`` (integer tensor of flat ids b·S + s; all if None)."""
+        total = self.trajectories * self.n_segments
+        index = self._index(index)
         if self.gauss_newton and self.training:
             self.solve_states(index, steps=self.gauss_newton)
         n, seg, S = self.dim, self.segment, self.n_segments
@@ -220,9 +226,10 @@ class TrajectoryFit(nn.Module):
         one segment (single shooting) a sweep is one Gauss–Newton step of a separable least
         squares problem per trajectory: quadratic convergence on consistent data."""
         steps = _int(steps, "steps", 1)
-        total, S = self.trajectories * self.n_segments, self.n_segments
-        if index is None:
-            index = torch.arange(total, device=self.q_nodes.device)
+        S = self.n_segments
+        index = self._index(index)
+        if index.unique().numel() != index.numel():     # one node, one update per half-sweep
+            raise ValueError("solve_states needs distinct segment ids")
         best = torch.empty(index.shape[0], dtype=self.q_nodes.dtype, device=index.device)
         colors = [(index % S) % 2 == c for c in (0, 1)] if S > 1 else [torch.ones_like(index, dtype=torch.bool)]
         for _ in range(steps):
