@@ -154,6 +154,8 @@ def test_trajectory_fit_errors():
     q, p, _ = _data(H, B=3, T=13)
     with pytest.raises(ValueError, match="shooting grid does not divide"):
         TrajectoryFit(H, q, p, dt=0.1, segment=5)
+    with pytest.raises(ValueError, match=r"time-first \(T, B, n\) = \(13, 3, 1\), transpose"):
+        TrajectoryFit(H, q.transpose(0, 1), p.transpose(0, 1), dt=0.1, segment=4)
     with pytest.raises(ValueError, match="one state per trajectory and shooting node"):
         TrajectoryFit(H, q, p, dt=0.1, segment=4, q0=torch.zeros(3, 1), p0=torch.zeros(3, 1))
     with pytest.raises(ValueError, match="one state per trajectory"):

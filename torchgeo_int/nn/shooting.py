@@ -101,7 +101,10 @@ class TrajectoryFit(nn.Module):
         if intervals % seg:
             raise ValueError(f"the shooting grid does not divide the data: {T} states make {intervals} "
                              f"intervals, not a multiple of segment = {seg} (choose a divisor of "
-                             f"{intervals}, or trim the trajectories)")
+                             f"{intervals}, or trim the trajectories)"
+                             + (f"; q and p are batch-first (B, T, n) — if yours are time-first "
+                                f"(T, B, n) = {tuple(q.shape)}, transpose(0, 1) them"
+                                if (B - 1) % seg == 0 else ""))
         S = intervals // seg
         self.trajectories, self.n_segments, self.segment, self.dim = B, S, seg, n
 
