@@ -311,6 +311,53 @@ def test_every_state_saved_in_whole_blocks(monkeypatch):
     assert not qg.requires_grad and torch.equal(qg, qc) and torch.equal(pg, pc)
 
 
+def test_every_state_blocks_run_batch_innermost_and_write_row_major(monkeypatch):
+    """Every state saved, a batch that takes the batch-innermost layout: each block receives the
+    state batch-innermost (the first converted, the next ones handed on from the last block, no
+    row-major round trip), its states land row-major in the rows, equal to eager; a caller that
+    steps one state at a time gets the same states from the lookahead blocks; a force written
+    with .view() falls back to the row-major layout and still equals eager."""
+    monkeypatch.setattr(_compile, "LAYOUT_MIN_BATCH", 2)
+    seen = []
+    traced = _compile._traced
+
+    def spy(call, q, *args):
+        seen.append(q.stride())
+        return traced(call, q, *args)
+
+    monkeypatch.setattr(_compile, "_traced", spy)
+    system = kepler(separable=True, analytic=True)
+    m = tgi.METHODS["verlet"]
+    q0, p0 = _batch(n=5)
+    steps = 37
+    qe, pe = _loop(m.step, system, q0, p0, steps)
+    qc, pc = _loop(compiled_step(m, system, steps=steps, block=4), system, q0, p0, steps)
+    assert len(seen) == 9 and all(s == (1, 5) for s in seen)      # 37 = 16 + 16 + 5: 4 + 4 + 1
+    assert qc.is_contiguous() and pc.is_contiguous()
+    assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
+
+    stepper, cache, q, p = compiled_step(m, system, steps=steps, block=4), None, q0, p0
+    with torch.no_grad():
+        for j in range(steps):
+            q, p, cache = stepper.step(system, q, p, 0.01 * j, 0.01, cache)
+            assert q.is_contiguous() and (q - qe[j + 1]).abs().max() < 1e-12
+            assert (p - pe[j + 1]).abs().max() < 1e-12
+
+    def force(q):
+        flat = q.view(-1)      # needs a contiguous q
+        return (flat / (flat * flat + 1.0)).view(q.shape)
+
+    viewing = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1),
+                                       lambda q: 0.5 * torch.log1p(q * q).sum(-1),
+                                       kinetic_grad=lambda p: p, potential_grad=force)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        qv, pv = _loop(compiled_step(m, viewing, steps=20, block=4), viewing, q0, p0, 20, h=0.05)
+    qw, pw = _loop(m.step, viewing, q0, p0, 20, h=0.05)
+    assert _compile._kernels(m, viewing).inner is False
+    assert (qv - qw).abs().max() < 1e-12 and (pv - pw).abs().max() < 1e-12
+
+
 def test_every_state_saved_keeps_the_graph_of_a_captured_tensor():
     """A force that reads a tensor requiring grad: the compiled stepper's ``saves`` declines
     (it would write a graph into the buffers), run_loop steps as before, the gradient flows."""

@@ -26,9 +26,9 @@ core: as much as a whole eager Verlet step on a small batch).  Here (:class:`Com
     ``n mod K'`` steps eagerly, so no second graph is compiled;
   - ``saves(n)`` (every state saved: ``run_loop`` asks for the n steps up to the next check
     and hands over their output rows): one call computes K states (``steps(1)`` K times in one
-    graph, stacked) and one copy writes them into K rows — no Python per step, which is what
-    small batches pay (Kepler, B = 1, one core: 18 → 8.5 µs a step); the steps a stretch does
-    not fill with blocks run eagerly;
+    graph, each returned row-major) and one ``torch.stack(out=)`` writes them into K rows — no
+    Python per step, which is what small batches pay (Kepler, B = 1, one core: 18 → 8.5 µs a
+    step); the steps a stretch does not fill with blocks run eagerly;
   - ``step`` (a caller stepping one state at a time, K' = 1): one call computes K states and
     the next K − 1 calls hand them out through the cache (a ``_Block`` cursor; a caller that
     passes back another state drops the block).  The last ``steps mod K`` steps of the rollout
@@ -46,9 +46,12 @@ core: as much as a whole eager Verlet step on a small batch).  Here (:class:`Com
   layout that is the n coordinates (a reduction like |q| over n = 2 runs 16-lane vectors masked
   to 2 lanes, a scalar loop over the batch); on the batch-innermost one it is the batch.  The
   copies in and out of a K'-step block (final state only) are cheaper than what they save from
-  B ≈ 256 on (Kepler, 4096 trajectories: ≈ 1.6× faster); blocks that return every state keep
-  the row-major layout (a copy per state: slower).  Eager kernels are slower on the
-  batch-innermost layout, so it never leaves the block.  A system that cannot take it
+  B ≈ 256 on (Kepler, 4096 trajectories: ≈ 1.6× faster).  A block that returns every state
+  writes each one row-major from inside the kernel (inductor transposes in registers) and hands
+  its last state on batch-innermost, so a stretch of blocks converts once (Kepler, one core,
+  every state kept: B = 1 / 64 / 4096 took 0.60 / 0.86 / 0.92 of the stacked row-major blocks'
+  time, ``compare_trees.py --rows every_state``).  Eager kernels are slower on the
+  batch-innermost layout, so it never leaves the compiled blocks.  A system that cannot take it
   (``q.view(...)`` needs a contiguous q) is compiled again on the row-major layout.
 * **Everything else** (implicit methods, non-separable systems): the integrator's own eager step
   (its solver loop has data-dependent iteration counts and host syncs) on a proxy of the system
@@ -274,8 +277,10 @@ class _Kernels:
 
     def block(self, n, keep_all):
         """The compiled n-fold composition, (q, p, force, t, h) -> (q, p, force): the eager
-        stepper's ``steps(n)`` traced; with ``keep_all`` q and p are the n states stacked
-        (``steps(1)`` n times)."""
+        stepper's ``steps(n)`` traced; with ``keep_all`` -> (qs, ps, q, p, force), qs and ps the
+        lists of the n states (``steps(1)`` n times), each row-major (``contiguous``: the layout
+        of the output rows, whatever the block's), and q, p, force the last ones in the block's
+        layout, for the next block."""
         fn = self._blocks.get((n, keep_all))
         if fn is None:
             eager, fsal = self.eager, self.fsal
@@ -285,26 +290,29 @@ class _Kernels:
                     qs, ps = [], []
                     for j in range(n):
                         q, p, force = eager.steps(q, p, t, h, 1, force, start=j)
-                        qs.append(q)
-                        ps.append(p)
-                    q, p = torch.stack(qs), torch.stack(ps)
-                else:
-                    q, p, force = eager.steps(q, p, t, h, n, force)
+                        qs.append(q.contiguous())
+                        ps.append(p.contiguous())
+                    return qs, ps, q, p, (force if fsal else None)
+                q, p, force = eager.steps(q, p, t, h, n, force)
                 return q, p, (force if fsal else None)
 
             fn = self._blocks[(n, keep_all)] = _compile(steps, f"{self._tag}_{n}_{int(keep_all)}")
         return fn
 
     def run_block(self, n, keep_all, q, p, force, t, h):
-        """The compiled n-step block on (q, p, force); a block that returns only its final state
-        runs in the batch-innermost layout when the state suits it, its outputs row-major again.
-        (One that returns all n states, or a single step, would pay the copies for every state:
-        measured slower, so those keep the row-major layout.)"""
+        """The compiled n-step block on (q, p, force).  A block of n > 1 steps runs in the
+        batch-innermost layout when the state suits it: a block that returns only its final
+        state returns it row-major again; one that returns every state (``keep_all``) writes
+        each row-major inside the block (inductor transposes in registers; an eager copy between
+        the layouts costs ≈ 5 ns an element, more than the step) and hands its last state and
+        force on in the block's layout, so that a run of blocks converts once.  (A single step
+        would pay the copies for one state: it keeps the row-major layout.)"""
         fn = self.block(n, keep_all)
-        qi = batch_inner(q) if self.inner and not keep_all and n > 1 else q
+        qi = batch_inner(q) if self.inner and n > 1 else q
         if qi is not q:
             try:
-                return _row_major(_budgeted(self.ready, fn, qi, batch_inner(p), batch_inner(force), t, h))
+                out = _budgeted(self.ready, fn, qi, batch_inner(p), batch_inner(force), t, h)
+                return out if keep_all else _row_major(out)
             except (ConvergenceError, FloatingPointError, CompileTimeout):
                 raise
             except Exception:  # noqa: BLE001 — e.g. a system that calls .view() on q: row-major
@@ -494,14 +502,15 @@ class CompiledStep(Stepper):
         out = self._guarded(lambda: k.run_block(n, n > 1, q, p, force, self._time(t, q), h), eager)
         if k.failed or n == 1:
             return out
-        return _Block(*out).next()
+        return _Block(out[0], out[1], out[4]).next()
 
     decides_graph = True     # saves() under grad mode: None when the steps need a graph
 
     def saves(self, q, p, t0, h, n, cache=None, *, start=0, rows):
-        """Every state written: compiled blocks of K steps each return their K states stacked,
-        written into K rows by one copy — no Python per step, the point at small batches; the
-        last ``n mod K`` steps run eagerly (no second graph to compile)."""
+        """Every state written: compiled blocks of K steps each return their K states, written
+        into K rows by one ``torch.stack(out=)`` — no Python per step, the point at small
+        batches; the block's last state and force go on to the next block in its layout (see
+        ``run_block``); the last ``n mod K`` steps run eagerly (no second graph to compile)."""
         k, K = self.kernels, self.block
         if torch.is_grad_enabled():
             if self.n_steps is None:
@@ -525,15 +534,13 @@ class CompiledStep(Stepper):
             first = k.first_force(system, q, t, force)
 
             def fallback(q=q, p=p, t=t, force=force):
-                qk, pk = qs[j:j + K], ps[j:j + K]
-                q, p, force = eager.saves(q, p, t, h, K, force, rows=(qk, pk))
-                return qk, pk, force
-            qk, pk, force = self._guarded(
+                q, p, force = eager.saves(q, p, t, h, K, force, rows=(qs[j:j + K], ps[j:j + K]))
+                return None, None, q, p, force
+            qk, pk, q, p, force = self._guarded(
                 lambda: k.run_block(K, True, q, p, first, self._time(t, q), h), fallback)
-            if qk.data_ptr() != qs[j].data_ptr():
-                qs[j:j + K].copy_(qk)
-                ps[j:j + K].copy_(pk)
-            q, p = qs[j + K - 1], ps[j + K - 1]
+            if qk is not None:
+                torch.stack(qk, out=qs[j:j + K])
+                torch.stack(pk, out=ps[j:j + K])
         if full < n:
             return eager.saves(q, p, t0, h, n - full, force, start=start + full,
                                rows=(qs[full:], ps[full:]))
