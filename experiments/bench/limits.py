@@ -39,7 +39,8 @@ Sections besides the table (``--sections``):
   against a per-trajectory numba fixed-point loop (same tolerance, convergence checked every
   iteration, warm start from the last stage derivative);
 * ``small``: B = 1, ``compile=True`` µs per Verlet step and compile time, with inductor's
-  defaults and with ``cpp_wrapper=True``, final state only and every state kept.
+  Python wrapper and with its C++ wrapper (``cpp_wrapper``, the library's default on the CPU:
+  ``torchgeo_int._compile.CPP_WRAPPER``), final state only and every state kept.
 
 Writes results/bench/limits.{md,json}.  ns / step·traj = time / (steps × batch).
 """
@@ -517,8 +518,8 @@ def midpoint(args):
 
 
 def small(args):
-    """B = 1, compile=True: µs per Verlet step and compile seconds, inductor default vs
-    cpp_wrapper=True (a fresh system each, so each compiles its own graphs; inductor's caches
+    """B = 1, compile=True: µs per Verlet step and compile seconds, inductor's Python wrapper vs
+    its C++ wrapper (a fresh system each, so each compiles its own graphs; inductor's caches
     pointed at an empty folder, so the first call is a cold compile)."""
     import os
     import tempfile
@@ -539,6 +540,18 @@ def small(args):
     return steps, rows
 
 
+@contextlib.contextmanager
+def _cpp_wrapper(on):
+    """compile=True's graphs compiled with inductor's C++ wrapper or without it (the library's
+    default is ``torchgeo_int._compile.CPP_WRAPPER``, read when a graph is first compiled)."""
+    from torchgeo_int import _compile
+    old, _compile.CPP_WRAPPER = _compile.CPP_WRAPPER, on
+    try:
+        yield
+    finally:
+        _compile.CPP_WRAPPER = old
+
+
 def _small_rows(args, steps, rows):
     for wrapper in (False, True):
         for every in (False, True):
@@ -547,7 +560,7 @@ def _small_rows(args, steps, rows):
 
             def run(q, p, n, system=system, save=save):
                 return tgi.rollout(system, q, p, h=H, steps=n, save_every=save, compile=True)
-            with torch._inductor.config.patch(cpp_wrapper=wrapper), torch.no_grad(), warnings_off():
+            with _cpp_wrapper(wrapper), torch.no_grad(), warnings_off():
                 try:
                     _, first = common.timed(lambda: run(q0, p0, steps))
                     _, s = common.min_time(lambda: run(q0, p0, steps), 2 if args.quick else 7)
