@@ -211,7 +211,7 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--every", type=int, default=200)
     ap.add_argument("--batch-size", type=int, help="random segments per step (default: all)")
-    ap.add_argument("--segment", type=int)
+    ap.add_argument("--segment", type=int, help="shooting segment length (0: single shooting)")
     ap.add_argument("--continuity", type=float)
     ap.add_argument("--state-lr", type=float)
     ap.add_argument("--gauss-newton", type=int, help="Gauss–Newton steps on the batch's node states "
@@ -240,6 +240,8 @@ def main(argv=None):
         v = getattr(args, k)
         if v is not None:
             shooting[k] = v
+    if shooting.get("segment") == 0:     # as in run.py: 0 asks for single shooting
+        shooting["segment"] = None
     arms = {a.key: a for a in make_arms(task, shooting=shooting)}
     out = {"task": args.task, "seed": args.seed, "data_seed": args.data_seed, "steps": args.steps,
            "shooting": shooting, "substeps_e": args.substeps, "batch_size": args.batch_size,
