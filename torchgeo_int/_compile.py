@@ -48,9 +48,9 @@ core: as much as a whole eager Verlet step on a small batch).  Here (:class:`Com
   copies in and out of a K'-step block (final state only) are cheaper than what they save from
   B ≈ 256 on (Kepler, 4096 trajectories: ≈ 1.6× faster).  A block that returns every state
   writes each one row-major from inside the kernel (inductor transposes in registers) and hands
-  its last state on batch-innermost, so a stretch of blocks converts once (Kepler, one core,
-  every state kept: B = 1 / 64 / 4096 took 0.60 / 0.86 / 0.92 of the stacked row-major blocks'
-  time, ``compare_trees.py --rows every_state``).  Eager kernels are slower on the
+  its last state on batch-innermost, so a stretch of blocks converts once (Kepler, one idle
+  core, every state kept: B = 4096 takes 0.83–0.85 of the stacked row-major blocks' time,
+  B = 1 and 64 within the spread; ``compare_trees.py --rows every_state``).  Eager kernels are slower on the
   batch-innermost layout, so it never leaves the compiled blocks.  A system that cannot take it
   (``q.view(...)`` needs a contiguous q) is compiled again on the row-major layout.
 * **Everything else** (implicit methods, non-separable systems): the integrator's own eager step
@@ -157,11 +157,10 @@ REALIZE_OPCOUNT = 10
 
 
 #: Inductor's C++ wrapper (``cpp_wrapper``) for graphs on the CPU: the code that allocates a
-#: graph's buffers and calls its kernels is C++, not Python.  Measured on one (shared) CPU core,
-#: Kepler Verlet, ``rollout(compile=True)``, µs a step, Python → C++ wrapper, two runs: B = 1
-#: final state 9.7 → 6.9, 8.4 → 7.3; B = 4096 / 65536 every state 112 → 97 / 2162 → 1710,
-#: 107 → 101 / 2342 → 1676 (an every-state block's K outputs are allocated and handed over in
-#: C++); the other rows within the runs' spread.  Compile time: the same to +6 s per graph.
+#: graph's buffers and calls its kernels is C++, not Python, which is what a small batch pays
+#: per block.  Measured on an idle CPU core, Kepler Verlet, ``rollout(compile=True)``, best of
+#: 15, µs a step, Python → C++ wrapper: B = 1 final state 8.2 → 7.0, every state 9.9 → 8.8;
+#: B = 64, 4096, 65536 unchanged (within 5 %).  Compile time: up to ≈ 4 s more per graph.
 #: Read when a graph is first compiled; set False to compare (``experiments.bench.limits``).
 CPP_WRAPPER = True
 
