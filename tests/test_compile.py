@@ -341,7 +341,7 @@ def test_every_state_blocks_run_batch_innermost_and_write_row_major(monkeypatch)
         for j in range(steps):
             q, p, cache = stepper.step(system, q, p, 0.01 * j, 0.01, cache)
             assert q.is_contiguous() and (q - qe[j + 1]).abs().max() < 1e-12
-            assert (p - pe[j + 1]).abs().max() < 1e-12
+            assert p.is_contiguous() and (p - pe[j + 1]).abs().max() < 1e-12
 
     def force(q):
         flat = q.view(-1)      # needs a contiguous q
@@ -356,6 +356,51 @@ def test_every_state_blocks_run_batch_innermost_and_write_row_major(monkeypatch)
     qw, pw = _loop(m.step, viewing, q0, p0, 20, h=0.05)
     assert _compile._kernels(m, viewing).inner is False
     assert (qv - qw).abs().max() < 1e-12 and (pv - pw).abs().max() < 1e-12
+
+
+def test_every_state_blocks_leave_row_major_and_fall_back_mid_run(monkeypatch):
+    """A block that fails after batch-innermost blocks ran: the retry gets row-major q, p and
+    force (not the previous block's layout), the states equal eager's, and what ``saves`` hands
+    back (the state and FSAL force) is row-major.  A method without FSAL (its force None)
+    takes the same path."""
+    monkeypatch.setattr(_compile, "LAYOUT_MIN_BATCH", 2)
+    seen, traced = [], _compile._traced
+
+    def flaky(call, q, *args):
+        seen.append(q.is_contiguous())
+        if len(seen) == 2:
+            raise RuntimeError("a recompile that fails on this layout")
+        return traced(call, q, *args)
+
+    monkeypatch.setattr(_compile, "_traced", flaky)
+    system = kepler(separable=True, analytic=True)
+    m = tgi.METHODS["verlet"]
+    q0, p0 = _batch(n=5)
+    qe, pe = _loop(m.step, system, q0, p0, 16)
+    stepper = compiled_step(m, system, steps=16, block=4)
+    qs, ps = torch.empty(16, 5, 2, dtype=q0.dtype), torch.empty(16, 5, 2, dtype=q0.dtype)
+    with torch.no_grad():
+        q, p, force = stepper.saves(q0, p0, 0.0, 0.01, 16, rows=(qs, ps))
+    assert seen[:2] == [False, False] and all(seen[2:])
+    assert _compile._kernels(m, system).inner is False and not _compile._kernels(m, system).failed
+    assert (qs - qe[1:]).abs().max() < 1e-12 and (ps - pe[1:]).abs().max() < 1e-12
+    assert q.is_contiguous() and p.is_contiguous() and force.is_contiguous()
+
+    adjoint = tgi.METHODS["symplectic_euler_adjoint"]     # drift first: no FSAL force
+    qa, pa = _loop(adjoint.step, system, q0, p0, 16)
+    qc, pc = _loop(compiled_step(adjoint, system, steps=16, block=4), system, q0, p0, 16)
+    assert (qc - qa).abs().max() < 1e-12 and (pc - pa).abs().max() < 1e-12
+
+
+def test_inductor_options_by_device(monkeypatch):
+    """The C++ wrapper on CPU graphs only (CPP_WRAPPER), and a compiled function keeps one
+    torch.compile per device type."""
+    assert _compile._inductor_options("cpu").get("cpp_wrapper") is True
+    assert "cpp_wrapper" not in _compile._inductor_options("cuda")
+    monkeypatch.setattr(_compile, "CPP_WRAPPER", False)
+    assert "cpp_wrapper" not in _compile._inductor_options("cpu")
+    assert _compile._device_type((None, [torch.zeros(1)], 1.0)) == "cpu"
+    assert _compile._device_type((torch.zeros(1, device="meta"),)) == "meta"
 
 
 def test_every_state_saved_keeps_the_graph_of_a_captured_tensor():

@@ -49,9 +49,10 @@ core: as much as a whole eager Verlet step on a small batch).  Here (:class:`Com
   B ≈ 256 on (Kepler, 4096 trajectories: ≈ 1.6× faster).  A block that returns every state
   writes each one row-major from inside the kernel (inductor transposes in registers) and hands
   its last state on batch-innermost, so a stretch of blocks converts once (Kepler, one idle
-  core, every state kept: B = 4096 takes 0.83–0.85 of the stacked row-major blocks' time,
-  B = 1 and 64 within the spread; ``compare_trees.py --rows every_state``).  Eager kernels are slower on the
-  batch-innermost layout, so it never leaves the compiled blocks.  A system that cannot take it
+  core, every state kept: B = 4096 took 0.83–0.85 of the stacked row-major blocks' time,
+  measured together with the C++ wrapper, ``CPP_WRAPPER``; ``compare_trees.py --rows
+  every_state``).  Eager kernels are slower on the batch-innermost layout, so states and forces
+  leave the blocks row-major.  A system that cannot take it
   (``q.view(...)`` needs a contiguous q) is compiled again on the row-major layout.
 * **Everything else** (implicit methods, non-separable systems): the integrator's own eager step
   (its solver loop has data-dependent iteration counts and host syncs) on a proxy of the system
@@ -65,7 +66,7 @@ core: as much as a whole eager Verlet step on a small batch).  Here (:class:`Com
 Compiled graphs are kept per (integrator, system) pair, for the last ``KEEP`` pairs, and each
 pair has its own code objects (dynamo's recompile limit counts per code object).  Results agree
 with the eager rollout to round-off (inductor fuses and may reorder arithmetic).  Every graph
-goes through the one ``torch.compile`` call, in :func:`_compile`.
+goes through the one ``torch.compile`` call, in :class:`_Compiled` (:func:`_compile`).
 
 Size: the compiled kernels, the compiled stepper and its plan (blocks, lookahead) share one
 kernel cache and one fallback policy.
@@ -188,19 +189,26 @@ def _device_type(args):
 
 
 class _Compiled:
-    """``torch.compile(fn)`` made at the first call, with the inductor options of the device of
-    that call's tensors (:func:`_inductor_options`); the one ``torch.compile`` call here."""
+    """``torch.compile(fn)`` per device type, made at the first call on that device with its
+    inductor options (:func:`_inductor_options`), each with its own code object (its own dynamo
+    cache: a system moved from the CPU to a GPU does not take the CPU graphs' options); the one
+    ``torch.compile`` call here."""
 
-    __slots__ = ("fn", "tag", "compiled")
+    __slots__ = ("fn", "tag", "by_device", "lock")
 
     def __init__(self, fn, tag):
-        self.fn, self.tag, self.compiled = fn, tag, None
+        self.fn, self.tag, self.by_device, self.lock = fn, tag, {}, threading.Lock()
 
     def __call__(self, *args):
-        c = self.compiled
+        dev = _device_type(args)
+        c = self.by_device.get(dev)
         if c is None:
-            c = self.compiled = torch.compile(_fresh(self.fn, self.tag), fullgraph=True,
-                                              options=_inductor_options(_device_type(args)))
+            with self.lock:      # (a first call may come from the compile worker thread)
+                c = self.by_device.get(dev)
+                if c is None:
+                    c = self.by_device[dev] = torch.compile(
+                        _fresh(self.fn, f"{self.tag}_{dev}"), fullgraph=True,
+                        options=_inductor_options(dev))
         return c(*args)
 
 
@@ -356,6 +364,9 @@ class _Kernels:
                 raise
             except Exception:  # noqa: BLE001 — e.g. a system that calls .view() on q: row-major
                 self.inner = False
+                # (q, p, force may come batch-innermost from the previous block)
+                q, p, force = (x.contiguous() if isinstance(x, torch.Tensor) else x
+                               for x in (q, p, force))
         return _budgeted(self.ready, fn, q, p, force, t, h)
 
     def fuse(self, fn, m, is_tuple):
@@ -541,7 +552,7 @@ class CompiledStep(Stepper):
         out = self._guarded(lambda: k.run_block(n, n > 1, q, p, force, self._time(t, q), h), eager)
         if k.failed or n == 1:
             return out
-        return _Block(out[0], out[1], out[4]).next()
+        return _Block(out[0], out[1], _row_major(out[4])).next()
 
     decides_graph = True     # saves() under grad mode: None when the steps need a graph
 
@@ -567,6 +578,8 @@ class CompiledStep(Stepper):
         full = n - n % K
         for j in range(0, full, K):
             if k.failed:     # a block fell back to eager: the rest runs eagerly too
+                if j:        # (from the rows: the last block handed its state on batch-innermost)
+                    q, p, force = qs[j - 1], ps[j - 1], _row_major(force)
                 return eager.saves(q, p, t0, h, n - j, force, start=start + j,
                                    rows=(qs[j:], ps[j:]))
             t = t0 + (start + j) * h
@@ -580,6 +593,8 @@ class CompiledStep(Stepper):
             if qk is not None:
                 torch.stack(qk, out=qs[j:j + K])
                 torch.stack(pk, out=ps[j:j + K])
+        if full:     # the last block's state and force row-major again, for eager steps and callers
+            q, p, force = qs[full - 1], ps[full - 1], _row_major(force)
         if full < n:
             return eager.saves(q, p, t0, h, n - full, force, start=start + full,
                                rows=(qs[full:], ps[full:]))

@@ -564,7 +564,11 @@ def _small_rows(args, steps, rows):
                 try:
                     _, first = common.timed(lambda: run(q0, p0, steps))
                     _, s = common.min_time(lambda: run(q0, p0, steps), 2 if args.quick else 7)
-                    err = None
+                    # compile=True falls back to eager (with a warning, silenced here) when a
+                    # graph does not compile: say so, the row timed the eager step then
+                    from torchgeo_int import _compile
+                    failed = _compile._kernels(tgi.METHODS["verlet"], system).failed
+                    err = None if failed is None else f"ran eagerly: {failed}"
                 except Exception as e:  # noqa: BLE001 — report (e.g. no C++ compiler for the wrapper)
                     first = s = math.nan
                     err = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
