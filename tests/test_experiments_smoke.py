@@ -318,8 +318,15 @@ def test_hnn_study_shooting_arms_tiny(tmp_path, monkeypatch, capsys):
     assert e["eps_H"] != f["eps_H"]                 # (f) is evaluated on the corrected H
     assert all("eps_H" in a["per_seed"][0] for a in arms.values())
     assert "yoshida4" in arms["e4"]["label"] and "Arms by energy mse" in (tmp_path / "hnn_spring.md").read_text()
-    noisy = hnn_run.run("twobody_noisy", arm_keys=["e", "f"], **args)
-    assert noisy["data"]["noise"] == 0.1 and noisy["shooting"]["segment"] == 7
+    batches, fit = [], hnn_train.fit
+
+    def spy(*a, **k):
+        batches.append(k["batch_size"])
+        return fit(*a, **k)
+    monkeypatch.setattr(hnn_train, "fit", spy)
+    noisy = hnn_run.run("twobody_noisy", arm_keys=["a", "e", "f"], **args)
+    assert noisy["data"]["noise"] == 0.1 and noisy["shooting"]["segment"] == 1
+    assert noisy["shooting"]["gauss_newton"] == 1 and batches == [8, 8 * 7]   # (a), then (e)'s segments
     again = hnn_run.run("spring", from_partial=True, **args)     # a stopped run's seeds, no training
     assert again["arms"]["e"]["per_seed"] == arms["e"]["per_seed"] and again["shooting"] == rep["shooting"]
     cmp = hnn_run.compare_rankings(rep, rep)
