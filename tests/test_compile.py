@@ -100,18 +100,35 @@ def test_batch_inner_layout():
     assert _compile._row_major([y, None, (y,)])[0].is_contiguous()
 
 
-def test_macro_blocks_run_batch_innermost_and_return_row_major(monkeypatch):
-    """A macro block gets the state batch-innermost (inductor vectorises over the trajectories)
-    and the rollout still returns contiguous states equal to the eager ones."""
+def _stride_spy(monkeypatch):
+    """Batches from 2 up take the batch-innermost layout; the list of the strides of q that
+    every compiled block call receives."""
     monkeypatch.setattr(_compile, "LAYOUT_MIN_BATCH", 2)
-    seen = []
-    traced = _compile._traced
+    seen, traced = [], _compile._traced
 
     def spy(call, q, *args):
         seen.append(q.stride())
         return traced(call, q, *args)
 
     monkeypatch.setattr(_compile, "_traced", spy)
+    return seen
+
+
+def _viewing_system():
+    """A separable system whose force calls .view() on q (it needs a contiguous q)."""
+    def force(q):
+        flat = q.view(-1)
+        return (flat / (flat * flat + 1.0)).view(q.shape)
+
+    return tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1),
+                                    lambda q: 0.5 * torch.log1p(q * q).sum(-1),
+                                    kinetic_grad=lambda p: p, potential_grad=force)
+
+
+def test_macro_blocks_run_batch_innermost_and_return_row_major(monkeypatch):
+    """A macro block gets the state batch-innermost (inductor vectorises over the trajectories)
+    and the rollout still returns contiguous states equal to the eager ones."""
+    seen = _stride_spy(monkeypatch)
     system = kepler(separable=True, analytic=True)
     q0, p0 = _batch(n=5)
     with torch.no_grad():
@@ -127,14 +144,7 @@ def test_macro_blocks_fall_back_to_row_major_for_a_system_that_needs_it(monkeypa
     """A force written with .view() cannot take the batch-innermost layout: the block is compiled
     on the row-major one instead, without a warning, and still equals eager."""
     monkeypatch.setattr(_compile, "LAYOUT_MIN_BATCH", 2)
-
-    def force(q):
-        flat = q.view(-1)      # needs a contiguous q
-        return (flat / (flat * flat + 1.0)).view(q.shape)
-
-    system = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1),
-                                      lambda q: 0.5 * torch.log1p(q * q).sum(-1),
-                                      kinetic_grad=lambda p: p, potential_grad=force)
+    system = _viewing_system()
     q0, p0 = _batch(n=4)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -317,15 +327,7 @@ def test_every_state_blocks_run_batch_innermost_and_write_row_major(monkeypatch)
     row-major round trip), its states land row-major in the rows, equal to eager; a caller that
     steps one state at a time gets the same states from the lookahead blocks; a force written
     with .view() falls back to the row-major layout and still equals eager."""
-    monkeypatch.setattr(_compile, "LAYOUT_MIN_BATCH", 2)
-    seen = []
-    traced = _compile._traced
-
-    def spy(call, q, *args):
-        seen.append(q.stride())
-        return traced(call, q, *args)
-
-    monkeypatch.setattr(_compile, "_traced", spy)
+    seen = _stride_spy(monkeypatch)
     system = kepler(separable=True, analytic=True)
     m = tgi.METHODS["verlet"]
     q0, p0 = _batch(n=5)
@@ -343,13 +345,7 @@ def test_every_state_blocks_run_batch_innermost_and_write_row_major(monkeypatch)
             assert q.is_contiguous() and (q - qe[j + 1]).abs().max() < 1e-12
             assert p.is_contiguous() and (p - pe[j + 1]).abs().max() < 1e-12
 
-    def force(q):
-        flat = q.view(-1)      # needs a contiguous q
-        return (flat / (flat * flat + 1.0)).view(q.shape)
-
-    viewing = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1),
-                                       lambda q: 0.5 * torch.log1p(q * q).sum(-1),
-                                       kinetic_grad=lambda p: p, potential_grad=force)
+    viewing = _viewing_system()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         qv, pv = _loop(compiled_step(m, viewing, steps=20, block=4), viewing, q0, p0, 20, h=0.05)
