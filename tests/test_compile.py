@@ -389,12 +389,14 @@ def test_every_state_blocks_leave_row_major_and_fall_back_mid_run(monkeypatch):
 
 
 def test_inductor_options_by_device(monkeypatch):
-    """The C++ wrapper on CPU graphs only (CPP_WRAPPER), and a compiled function keeps one
-    torch.compile per device type."""
-    assert _compile._inductor_options("cpu").get("cpp_wrapper") is True
-    assert "cpp_wrapper" not in _compile._inductor_options("cuda")
+    """The C++ wrapper on small CPU graphs only (CPP_WRAPPER, CPP_WRAPPER_MAX_NUMEL), and a
+    compiled function keeps one torch.compile per device type."""
+    small, large = _compile.CPP_WRAPPER_MAX_NUMEL, _compile.CPP_WRAPPER_MAX_NUMEL + 1
+    assert _compile._inductor_options("cpu", small).get("cpp_wrapper") is True
+    assert "cpp_wrapper" not in _compile._inductor_options("cpu", large)
+    assert "cpp_wrapper" not in _compile._inductor_options("cuda", small)
     monkeypatch.setattr(_compile, "CPP_WRAPPER", False)
-    assert "cpp_wrapper" not in _compile._inductor_options("cpu")
+    assert "cpp_wrapper" not in _compile._inductor_options("cpu", small)
     assert _compile._device_type((None, [torch.zeros(1)], 1.0)) == "cpu"
     assert _compile._device_type((torch.zeros(1, device="meta"),)) == "meta"
 

@@ -157,16 +157,20 @@ def _fresh(fn, tag):
 REALIZE_OPCOUNT = 10
 
 
-#: Inductor's C++ wrapper (``cpp_wrapper``) for graphs on the CPU: the code that allocates a
+#: Inductor's C++ wrapper (``cpp_wrapper``) for small CPU graphs: the code that allocates a
 #: graph's buffers and calls its kernels is C++, not Python, which is what a small batch pays
 #: per block.  Measured on an idle CPU core, Kepler Verlet, ``rollout(compile=True)``, best of
 #: 15, µs a step, Python → C++ wrapper: B = 1 final state 8.2 → 7.0, every state 9.9 → 8.8;
-#: B = 64, 4096, 65536 unchanged (within 5 %).  Compile time: up to ≈ 4 s more per graph.
-#: Read when a graph is first compiled; set False to compare (``experiments.bench.limits``).
+#: B = 64, 4096, 65536 unchanged (within 5 %).  It costs compile time: 0–4 s more per graph
+#: with inductor's caches warm, and the first compiled rollout of a fresh process with a cold
+#: cache took 55 s against 46 s (B = 512, energy-defined Kepler, one core).  So only graphs whose
+#: first call's state has at most ``CPP_WRAPPER_MAX_NUMEL`` elements get it.  Read when a graph
+#: is first compiled; ``CPP_WRAPPER = False`` turns it off (``experiments.bench.limits``).
 CPP_WRAPPER = True
+CPP_WRAPPER_MAX_NUMEL = 256
 
 
-def _inductor_options(device_type="cpu"):
+def _inductor_options(device_type="cpu", numel=0):
     import torch._inductor.config as config   # imported by torch.compile anyway; not at our import
 
     opts = {}
@@ -174,25 +178,31 @@ def _inductor_options(device_type="cpu"):
         if hasattr(config, name):
             opts[name] = REALIZE_OPCOUNT
             break
-    if device_type == "cpu" and CPP_WRAPPER:
+    if device_type == "cpu" and CPP_WRAPPER and numel <= CPP_WRAPPER_MAX_NUMEL:
         opts["cpp_wrapper"] = True
     return opts
 
 
-def _device_type(args):
-    """The device type of the first tensor among args (one level into tuples and lists)."""
+def _first_tensor(args):
+    """The first tensor among args (one level into tuples and lists), or None."""
     for a in args:
         for x in (a if isinstance(a, (tuple, list)) else (a,)):
             if isinstance(x, torch.Tensor):
-                return x.device.type
-    return "cpu"
+                return x
+    return None
+
+
+def _device_type(args):
+    """The device type of the first tensor among args ("cpu" when there is none)."""
+    x = _first_tensor(args)
+    return "cpu" if x is None else x.device.type
 
 
 class _Compiled:
     """``torch.compile(fn)`` per device type, made at the first call on that device with its
-    inductor options (:func:`_inductor_options`), each with its own code object (its own dynamo
-    cache: a system moved from the CPU to a GPU does not take the CPU graphs' options); the one
-    ``torch.compile`` call here."""
+    inductor options (:func:`_inductor_options`, from that call's device and state size), each
+    with its own code object (its own dynamo cache: a system moved from the CPU to a GPU does not
+    take the CPU graphs' options); the one ``torch.compile`` call here."""
 
     __slots__ = ("fn", "tag", "by_device", "lock")
 
@@ -206,9 +216,10 @@ class _Compiled:
             with self.lock:      # (a first call may come from the compile worker thread)
                 c = self.by_device.get(dev)
                 if c is None:
+                    x = _first_tensor(args)
                     c = self.by_device[dev] = torch.compile(
                         _fresh(self.fn, f"{self.tag}_{dev}"), fullgraph=True,
-                        options=_inductor_options(dev))
+                        options=_inductor_options(dev, 0 if x is None else x.numel()))
         return c(*args)
 
 
