@@ -212,15 +212,22 @@ class _Compiled:
     def __call__(self, *args):
         dev = _device_type(args)
         c = self.by_device.get(dev)
-        if c is None:
-            with self.lock:      # (a first call may come from the compile worker thread)
-                c = self.by_device.get(dev)
-                if c is None:
-                    x = _first_tensor(args)
-                    c = self.by_device[dev] = torch.compile(
-                        _fresh(self.fn, f"{self.tag}_{dev}"), fullgraph=True,
-                        options=_inductor_options(dev, 0 if x is None else x.numel()))
-        return c(*args)
+        if c is not None:
+            return c(*args)
+        with self.lock:      # (a first call may come from the compile worker thread)
+            c = self.by_device.get(dev)
+            if c is None:
+                x = _first_tensor(args)
+                c = self.by_device[dev] = torch.compile(
+                    _fresh(self.fn, f"{self.tag}_{dev}"), fullgraph=True,
+                    options=_inductor_options(dev, 0 if x is None else x.numel()))
+        # The first call compiles.  Inductor's C++ wrapper imports a torch module that warns
+        # (DeprecationWarning, torch.jit.script_method) once per process: under warnings as
+        # errors that would fail the compile and send the rollout to eager.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"`torch\.jit\.script_method` is deprecated",
+                                    category=DeprecationWarning)
+            return c(*args)
 
 
 def _compile(fn, tag):
