@@ -593,13 +593,8 @@ class CompiledStep(Stepper):
             return super().saves(q, p, t0, h, n, cache, start=start, rows=rows)
         qs, ps = rows
         system, force, eager = self.system, _force_of(cache, q), self.eager
-        full = n - n % K
-        for j in range(0, full, K):
-            if k.failed:     # a block fell back to eager: the rest runs eagerly too
-                if j:        # (from the rows: the last block handed its state on batch-innermost)
-                    q, p, force = qs[j - 1], ps[j - 1], _row_major(force)
-                return eager.saves(q, p, t0, h, n - j, force, start=start + j,
-                                   rows=(qs[j:], ps[j:]))
+        full, j = n - n % K, 0
+        while j < full and not k.failed:     # (a block that fell back to eager: the rest eagerly)
             t = t0 + (start + j) * h
             first = k.first_force(system, q, t, force)
 
@@ -611,11 +606,11 @@ class CompiledStep(Stepper):
             if qk is not None:
                 torch.stack(qk, out=qs[j:j + K])
                 torch.stack(pk, out=ps[j:j + K])
-        if full:     # the last block's state and force row-major again, for eager steps and callers
-            q, p, force = qs[full - 1], ps[full - 1], _row_major(force)
-        if full < n:
-            return eager.saves(q, p, t0, h, n - full, force, start=start + full,
-                               rows=(qs[full:], ps[full:]))
+            j += K
+        if j:        # the last block's state and force row-major again, for eager steps and callers
+            q, p, force = qs[j - 1], ps[j - 1], _row_major(force)
+        if j < n:    # the rest eagerly: no second graph to compile
+            return eager.saves(q, p, t0, h, n - j, force, start=start + j, rows=(qs[j:], ps[j:]))
         return q, p, force
 
     def steps(self, q, p, t0, h, n, cache=None, *, start=0, out=None):

@@ -55,6 +55,7 @@ import numpy as np
 import torch
 
 import torchgeo_int as tgi
+from torchgeo_int import _compile
 
 from . import common
 from .throughput import grad_V, kepler_batch, warnings_off
@@ -544,7 +545,6 @@ def small(args):
 def _cpp_wrapper(on):
     """compile=True's graphs compiled with inductor's C++ wrapper or without it (the library's
     default is ``torchgeo_int._compile.CPP_WRAPPER``, read when a graph is first compiled)."""
-    from torchgeo_int import _compile
     old, _compile.CPP_WRAPPER = _compile.CPP_WRAPPER, on
     try:
         yield
@@ -566,7 +566,6 @@ def _small_rows(args, steps, rows):
                     _, s = common.min_time(lambda: run(q0, p0, steps), 2 if args.quick else 7)
                     # compile=True falls back to eager (with a warning, silenced here) when a
                     # graph does not compile: say so, the row timed the eager step then
-                    from torchgeo_int import _compile
                     failed = _compile._kernels(tgi.METHODS["verlet"], system).failed
                     err = None if failed is None else f"ran eagerly: {failed}"
                 except Exception as e:  # noqa: BLE001 — report (e.g. no C++ compiler for the wrapper)

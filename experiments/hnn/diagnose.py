@@ -210,7 +210,8 @@ def main(argv=None):
                     help="TrajectoryFit.optimizer(lazy_states=...): default the library's")
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--every", type=int, default=200)
-    ap.add_argument("--batch-size", type=int, help="random segments per step (default: all; the study multiplies its batch by the task's batch_factor)")
+    ap.add_argument("--batch-size", type=int, help="random segments per step (default: all; the "
+                    "study multiplies its batch by the task's batch_factor)")
     ap.add_argument("--segment", type=int, help="shooting segment length (0: single shooting)")
     ap.add_argument("--continuity", type=float)
     ap.add_argument("--state-lr", type=float)

@@ -170,8 +170,8 @@ def train(arm: Arm, task: Task, *, seed: int, steps: int, batch_size: int | None
           shooting: dict | None = None, lr_schedule=None):
     """Seeded model + fit; returns (model, fit history).  The shooting arms fit a
     TrajectoryFit (model + node states, the states with their own lr and no weight decay) on
-    batches of ``batch_size × batch_factor`` segments; the model is returned alone.  ``lr_schedule``: fit's
-    (None: constant lr; "cosine"), the same for every arm."""
+    batches of ``batch_size × batch_factor`` segments; the model is returned alone.
+    ``lr_schedule``: fit's (None: constant lr; "cosine"), the same for every arm."""
     seed_everything(seed)
     model = build_model(arm, task, width=width, depth=depth).to(dtype)
     desc = f"{task.name}, {arm.label}, seed {seed}"
@@ -179,7 +179,6 @@ def train(arm: Arm, task: Task, *, seed: int, steps: int, batch_size: int | None
         sh = dict(SHOOTING, **(shooting or {}))
         tf = shooting_fit(arm, model, task.to(dtype), shooting=shooting)
         opt = tf.optimizer(lr=lr, state_lr=state_lr(sh), weight_decay=weight_decay)
-        # (batch_factor: segments per step per sample of the other arms' batch)
         bs = None if batch_size is None else batch_size * sh["batch_factor"]
         hist = fit(tf, TrajectoryFit.loss, tf.segments, steps=steps, batch_size=bs,
                    optimizer=opt, seed=seed, progress=progress, desc=desc, max_time=max_time,
