@@ -194,6 +194,58 @@ def test_compiled_implicit_midpoint_gradients_and_errors():
         tgi.rollout(system, q0 * 0.05, p0, h=2.0, steps=5, method="implicit_midpoint", compile=True)
 
 
+def test_compiled_implicit_midpoint_blocks_of_fixed_iterations(monkeypatch):
+    """Without a graph, once the checked steps have measured the iterations m a solve needs,
+    blocks of K steps run every solve with exactly m iterations as one compiled call and one
+    check: the states agree with eager's to the solver's tolerance.  A block whose m is too small
+    is dropped and its steps rerun checked (m rises back); a block that goes non-finite falls
+    back to the checked step, which raises ConvergenceError; under a graph no block runs."""
+    system = kepler(separable=False, analytic=True)
+    q0, p0 = _batch()
+    method, h, tol = tgi.METHODS["implicit_midpoint"], 0.02, tgi.default_tol(torch.float64)
+    k = _compile._kernels(method, system)
+    runs, spies, block = [], {}, _compile._Kernels.implicit_block
+
+    def spy(self, K, m):       # each block call: (K, m, its worst residual)
+        if (K, m) not in spies:
+            fn = block(self, K, m)
+
+            def call(*args):
+                out = fn(*args)
+                runs.append((K, m, float(out[-1])))
+                return out
+            spies[(K, m)] = call
+        return spies[(K, m)]
+    monkeypatch.setattr(_compile._Kernels, "implicit_block", spy)
+    warnings.filterwarnings("ignore", "compile=True: 'implicit_midpoint' is implicit")
+    with torch.no_grad():
+        qe, pe = tgi.rollout(system, q0, p0, h=h, steps=41, method="implicit_midpoint")
+        qc, pc = compiled_rollout(method, system, q0, p0, h=h, steps=41, block=2)
+    m = k.fixed_m
+    assert m >= 8 and m % 4 == 0 and k.fixed_failed is None
+    assert len(runs) == 20 and all(K == 2 and mm == m and r <= tol for K, mm, r in runs)
+    assert (qc - qe).abs().max() < 1e-11 and (pc - pe).abs().max() < 1e-11
+    # a block with too few iterations: dropped, its steps checked, m back
+    step = compiled_step(method, system, steps=41, block=2)
+    with torch.no_grad():
+        q1, p1, c1 = step.step(system, q0, p0, 0.0, h, None)      # checked: the warm start
+        k.fixed_m = 4
+        q2, p2, _ = step.step(system, q1, p1, h, h, c1)
+        assert runs[-1][:2] == (2, 4) and runs[-1][2] > tol and k.fixed_m == m
+        assert (q2 - qe[2]).abs().max() < 1e-12 and (p2 - pe[2]).abs().max() < 1e-12
+        step._checked = 0                       # a block from a state with no midpoint step
+        with pytest.raises(tgi.ConvergenceError, match="did not converge"):
+            step.step(system, torch.zeros_like(q1), p1, 2 * h, h, c1)
+        assert runs[-1][:2] == (2, m) and not runs[-1][2] <= tol          # dropped
+    # a graph (q0 requires grad): checked steps only, eager's gradient
+    n, x, xe = len(runs), q0.clone().requires_grad_(), q0.clone().requires_grad_()
+    g, = torch.autograd.grad(compiled_rollout(method, system, x, p0, h=h, steps=8,
+                                              block=2)[0][-1].square().sum(), x)
+    ge, = torch.autograd.grad(tgi.rollout(system, xe, p0, h=h, steps=8,
+                                          method="implicit_midpoint")[0][-1].square().sum(), xe)
+    assert len(runs) == n and (g - ge).abs().max() < 1e-10
+
+
 def test_compiled_newton_midpoint_compiles_the_vector_field(monkeypatch):
     """A Newton-solved implicit step keeps the compiled-vector-field path (for states of at
     least FIELDS_MIN elements; smaller ones run the eager step, nothing compiled)."""

@@ -520,3 +520,31 @@ def test_fused_iterations_are_the_plain_ones():
     fused = fixed_point(pair, z0, args=(A, b), fuse=fuse)
     assert all(torch.equal(x, y) for x, y in zip(plain, fused))
     assert calls == [(4, False), (4, False), (4, True)]
+
+
+def test_fixed_iterations_run_exactly_m_and_record_the_residual():
+    """fixed_point(fuse=FixedIterations(m)) (compile=True's blocks of implicit steps): exactly m
+    iterations with no check, the largest per-sample residual of the last one kept (the max over
+    every solve since ``r`` was cleared; NaN kept); refused under grad mode (no adjoint)."""
+    from torchgeo_int.solvers import FixedIterations, residual_of
+    torch.manual_seed(0)
+    A = 0.3 * torch.randn(5, 3, 3, dtype=torch.float64)
+    b = torch.randn(5, 3, dtype=torch.float64)
+    fn = lambda z, A, b: torch.tanh((A @ z.unsqueeze(-1)).squeeze(-1)) + b  # noqa: E731
+    fixed, z = FixedIterations(3), torch.zeros(5, 3, dtype=torch.float64)
+    with torch.no_grad():
+        out = fixed_point(fn, z, args=(A, b), fuse=fixed)
+        zs = [z]
+        for _ in range(3):
+            zs.append(fn(zs[-1], A, b))
+        assert torch.equal(out, zs[3])
+        assert fixed.r == residual_of((zs[3],), (zs[2],)).max() and fixed.r > default_tol(torch.float64)
+        first = fixed.r
+        fixed_point(fn, zs[3], args=(A, b), fuse=fixed)        # a second solve: the max of both
+        assert fixed.r == first
+        fixed_point(fn, torch.full_like(z, float("nan")), args=(A, b), fuse=fixed)
+        assert fixed.r.isnan()
+    with pytest.raises(RuntimeError, match="without a graph"):
+        fixed_point(fn, z, args=(A, b), fuse=FixedIterations(3))
+    with pytest.raises(ValueError, match="m must be"):
+        FixedIterations(0)
