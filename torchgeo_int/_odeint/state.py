@@ -137,6 +137,9 @@ class PartitionedState:
                 raise ValueError(f"options['split'] must be an int in (0, {m}), got {split!r}")
             q0, p0 = y0[..., :split], y0[..., split:]
         self.split, self.y_shape = split, (None if self.is_tuple else y0.shape)
+        # the halves (0: dq, 1: dp) whose output func has returned correctly once: later calls
+        # skip the checks (its output layout does not change between calls; a step makes two)
+        self.checked = set()
         dims = min(q0.dim(), p0.dim()) - (0 if self.is_tuple else 1)
         if batch_dims > dims:
             raise ValueError(f"options['batch_dims'] = {batch_dims} exceeds the batch dims "
@@ -162,6 +165,17 @@ class PartitionedState:
     def field(self, caller, func, t, qi, pi, part=None):
         """(dq, dp) of func at (qi, pi); ``part`` 0 or 1: dq or dp alone (a kick or a drift of
         a separable field uses one half: the other is neither sliced, checked nor reshaped)."""
+        if part in self.checked:        # (natural shapes, this half checked once: no frames)
+            if self.is_tuple:
+                return caller(t, (qi, pi))[part]
+            dy = caller(t, torch.cat([qi, pi], -1))
+            return dy[..., :self.split] if part == 0 else dy[..., self.split:]
+        out = self._field(caller, func, t, qi, pi, part)
+        if part is not None and self.natural:
+            self.checked.add(part)
+        return out
+
+    def _field(self, caller, func, t, qi, pi, part):
         q, p = (qi, pi) if self.natural else self.user(qi, pi)
         if self.is_tuple:
             out = caller(t, (q, p))
