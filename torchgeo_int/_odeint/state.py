@@ -165,13 +165,16 @@ class PartitionedState:
     def field(self, caller, func, t, qi, pi, part=None):
         """(dq, dp) of func at (qi, pi); ``part`` 0 or 1: dq or dp alone (a kick or a drift of
         a separable field uses one half: the other is neither sliced, checked nor reshaped)."""
-        if part in self.checked:        # (natural shapes, this half checked once: no frames)
+        # (natural shapes, this half checked once: no frames; not while torch.compile traces,
+        # whose graphs would otherwise guard on the set and recompile once it fills)
+        tracing = torch.compiler.is_compiling()
+        if not tracing and part in self.checked:
             if self.is_tuple:
                 return caller(t, (qi, pi))[part]
             dy = caller(t, torch.cat([qi, pi], -1))
             return dy[..., :self.split] if part == 0 else dy[..., self.split:]
         out = self._field(caller, func, t, qi, pi, part)
-        if part is not None and self.natural:
+        if part is not None and self.natural and not tracing:
             self.checked.add(part)
         return out
 
