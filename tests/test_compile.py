@@ -225,6 +225,19 @@ def test_compiled_implicit_midpoint_blocks_of_fixed_iterations(monkeypatch):
     assert m >= 8 and m % 4 == 0 and k.fixed_failed is None
     assert len(runs) == 20 and all(K == 2 and mm == m and r <= tol for K, mm, r in runs)
     assert (qc - qe).abs().max() < 1e-11 and (pc - pe).abs().max() < 1e-11
+    # rollout's own plan: K = IMPLICIT_BUDGET // m from FIXED_MIN_STEPS steps on, none below
+    K, n = _compile.IMPLICIT_BUDGET // m, len(runs)
+    with torch.no_grad():
+        q1, p1 = tgi.rollout(system, q0, p0, h=h, steps=_compile.FIXED_MIN_STEPS - 1,
+                             method="implicit_midpoint", compile=True)
+        assert len(runs) == n
+        qc, pc = tgi.rollout(system, q0, p0, h=h, steps=_compile.FIXED_MIN_STEPS,
+                             method="implicit_midpoint", compile=True)
+        qe, pe = tgi.rollout(system, q0, p0, h=h, steps=_compile.FIXED_MIN_STEPS,
+                             method="implicit_midpoint")
+    assert len(runs) - n >= (_compile.FIXED_MIN_STEPS - 1) // K - 1
+    assert all(r[:2] == (K, m) for r in runs[n:])
+    assert (qc - qe).abs().max() < 1e-10 and (pc - pe).abs().max() < 1e-10
     # a block with too few iterations: dropped, its steps checked, m back
     step = compiled_step(method, system, steps=41, block=2)
     with torch.no_grad():

@@ -100,9 +100,11 @@ BLOCK_BUDGET = 16
 #: largest number of state elements (numel(q) × K) a lookahead block returns.
 LOOKAHEAD_MAX = 2 ** 17
 #: fixed-point iterations unrolled into one compiled block of implicit steps (K = this // the
-#: iterations m a solve needs; compile time grows with it: ≈ 25 s for 48 on one CPU core) and the
-#: largest m run in blocks (past it the steps run checked, see CompiledStep._implicit).
-IMPLICIT_BUDGET = 48
+#: iterations m a solve needs) and the largest m run in blocks (past it the steps run checked,
+#: see CompiledStep._implicit).  Compile time grows with it: Kepler implicit midpoint, B = 256,
+#: m = 12, one CPU core, cold caches: 14 s for 32 (K = 2), 25 s for 48 (K = 4), at the same
+#: speed within the machine's spread (3.5–4.7× the numba loop).
+IMPLICIT_BUDGET = 32
 FIXED_MAX_ITER = IMPLICIT_BUDGET // 2
 #: shortest rollout (steps) that runs implicit steps in such blocks: the block's compilation
 #: (tens of seconds) is worth it only over many steps.
