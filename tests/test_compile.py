@@ -4,6 +4,7 @@ CPU compiles take seconds each, so few configurations are compiled here: Verlet 
 call (what rollout(compile=True) does today), yoshida4 in blocks, implicit midpoint with a
 compiled vector field, and one system that cannot be compiled (eager fallback).
 """
+import math
 import warnings
 
 import pytest
@@ -257,6 +258,43 @@ def test_compiled_implicit_midpoint_blocks_of_fixed_iterations(monkeypatch):
     ge, = torch.autograd.grad(tgi.rollout(system, xe, p0, h=h, steps=8,
                                           method="implicit_midpoint")[0][-1].square().sum(), xe)
     assert len(runs) == n and (g - ge).abs().max() < 1e-10
+
+
+def test_compiled_implicit_blocks_time_dependent_first_order_and_empty():
+    """A block of fixed iterations on a system that depends on t runs step j at t + j h: its
+    function (uncompiled here: the traced code itself) gives the checked steps' states; a
+    first-order state (odeint's implicit midpoint on y' = f(t, y), t a tensor) and an empty
+    batch take no blocks and compile nothing that fails (warnings are errors)."""
+    def grad(q, p, t):     # of H = |p|²/2 + (1 + sin t / 10)|q|²/2 + (q·p)²/10, non-separable
+        qp = (q * p).sum(-1, keepdim=True)
+        return (1.0 + 0.1 * math.sin(t)) * q + 0.2 * qp * p, p + 0.2 * qp * q
+
+    forced = tgi.Hamiltonian(lambda q, p, t: 0.5 * (p * p).sum(-1) + 0.05 * (10.0 + math.sin(t))
+                             * (q * q).sum(-1) + 0.1 * (q * p).sum(-1) ** 2, grad=grad)
+    q0, p0 = _batch()
+    method, h, t0 = tgi.METHODS["implicit_midpoint"], 0.05, 0.3
+    block = _compile._kernels(method, forced).implicit_block(3, 16).fn
+    with torch.no_grad():
+        qs, ps, _, _, _, r = block(q0, p0, None, t0, h)
+        q, p, cache = q0, p0, None
+        for j in range(3):
+            q, p, cache = method.step(forced, q, p, t0 + j * h, h, cache)
+            assert (qs[j] - q).abs().max() < 1e-12 and (ps[j] - p).abs().max() < 1e-12
+    assert r <= tgi.default_tol(torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", "compile=True: 'implicit_midpoint' is implicit")
+        t = torch.linspace(0.0, 3.0, 4, dtype=torch.float64)
+        x0 = torch.randn(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        f = lambda t, x: -x + 0.1 * torch.sin(t) * x ** 2  # noqa: E731
+        opts = dict(step_size=0.01)
+        ye = tgi.odeint(f, x0, t, method="implicit_midpoint", options=opts)
+        yc = tgi.odeint(f, x0, t, method="implicit_midpoint", options=dict(opts, compile=True))
+        assert (yc - ye).abs().max() < 1e-11
+        with torch.no_grad():
+            empty = tgi.rollout(forced, q0[:0], p0[:0], h=0.05, steps=300,
+                                method="implicit_midpoint", compile=True)
+        assert empty[0].shape == (301, 0, 2)
 
 
 def test_compiled_newton_midpoint_compiles_the_vector_field(monkeypatch):

@@ -189,3 +189,19 @@ def test_compile_of_a_pointwise_force_does_not_blow_up(monkeypatch):
     assert not [w for w in caught if "compile=True" in str(w.message)], [str(w.message) for w in caught]
     assert q.shape == qe.shape == (3,) + q0.shape
     assert torch.allclose(q, qe, atol=1e-12) and torch.allclose(p, pe, atol=1e-12)
+
+
+def test_partitioned_odeint_checks_func_after_its_first_calls():
+    """odeint's partitioned path checks each half of func's output once and then calls func
+    directly; an output that changes shape later still raises the checked call's error."""
+    calls = []
+
+    def f(t, y):
+        q, p = y
+        calls.append(1)
+        dp = -q if len(calls) < 20 else -q[:1]
+        return p, dp
+    q0, p0 = torch.ones(3, 2, dtype=DT), torch.zeros(3, 2, dtype=DT)
+    t = torch.tensor([0.0, 1.0], dtype=DT)
+    with pytest.raises(ValueError, match=r"func returned shape \(1, 2\), expected \(3, 2\)"):
+        tgi.odeint(f, (q0, p0), t, method="verlet", options=dict(separable=True, step_size=0.1))

@@ -60,8 +60,9 @@ core: as much as a whole eager Verlet step on a small batch).  Here (:class:`Com
   steps, blocks of K = ``IMPLICIT_BUDGET`` // m steps then run as one compiled call each, every
   solve in them exactly m iterations (:class:`~torchgeo_int.solvers.FixedIterations`), and one
   host sync checks the block's worst residual: a block over the tolerance is dropped and its
-  steps run checked, which raises m.  A solve so runs at least the checked one's iterations
-  and agrees with it to the solver's tolerance, not to round-off.
+  steps run checked, which raises m where they need more.  A solve so runs at least the
+  checked one's iterations and agrees with it to about tol / (1 − L) (L the contraction factor
+  of the fixed-point map), not to round-off.
 * **Everything else** (Newton-solved implicit steps, non-separable systems): the integrator's own eager step
   (its solver loop has data-dependent iteration counts and host syncs) on a proxy of the system
   whose ``vector_field`` / ``force`` / ``velocity`` are compiled, for states of at least
@@ -99,9 +100,10 @@ __all__ = ["compiled_step", "compiled_rollout", "CompiledStep", "default_block"]
 BLOCK_BUDGET = 16
 #: largest number of state elements (numel(q) × K) a lookahead block returns.
 LOOKAHEAD_MAX = 2 ** 17
-#: fixed-point iterations unrolled into one compiled block of implicit steps (K = this // the
-#: iterations m a solve needs) and the largest m run in blocks (past it the steps run checked,
-#: see CompiledStep._implicit).  Compile time grows with it: Kepler implicit midpoint, B = 256,
+#: IMPLICIT_BUDGET: the fixed-point iterations unrolled into one compiled block of implicit
+#: steps (K = IMPLICIT_BUDGET // m, m the iterations a solve needs); FIXED_MAX_ITER: the
+#: largest m that runs in blocks (past it the steps run checked; see CompiledStep._implicit).
+#: Compile time grows with the budget: Kepler implicit midpoint, B = 256,
 #: m = 12, one CPU core, cold caches: 14 s for 32 (K = 2), 25 s for 48 (K = 4), at the same
 #: speed within the machine's spread (3.5–4.7× the numba loop).
 IMPLICIT_BUDGET = 32
@@ -233,16 +235,16 @@ class _Compiled:
     with its own code object (its own dynamo cache: a system moved from the CPU to a GPU does not
     take the CPU graphs' options); the one ``torch.compile`` call here."""
 
-    __slots__ = ("fn", "tag", "by_device", "lock")
+    __slots__ = ("fn", "tag", "by_device", "lock", "done")
 
     def __init__(self, fn, tag):
         self.fn, self.tag, self.by_device, self.lock = fn, tag, {}, threading.Lock()
+        self.done = set()    # the devices whose compiled function has returned once
 
     def __call__(self, *args):
         dev = _device_type(args)
-        c = self.by_device.get(dev)
-        if c is not None:
-            return c(*args)
+        if dev in self.done:
+            return self.by_device[dev](*args)
         with self.lock:      # (a first call may come from the compile worker thread)
             c = self.by_device.get(dev)
             if c is None:
@@ -250,13 +252,16 @@ class _Compiled:
                 c = self.by_device[dev] = torch.compile(
                     _fresh(self.fn, f"{self.tag}_{dev}"), fullgraph=True,
                     options=_inductor_options(dev, 0 if x is None else x.numel()))
-        # The first call compiles.  Inductor's C++ wrapper imports a torch module that warns
-        # (DeprecationWarning, torch.jit.script_method) once per process: under warnings as
-        # errors that would fail the compile and send the rollout to eager.
+        # The first call compiles (and so may a retry after it failed: _traced's, with
+        # autograd traced).  Inductor imports a torch module that warns (DeprecationWarning,
+        # torch.jit.script_method) once per process: under warnings as errors that would fail
+        # the compile and send the rollout to eager.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r"`torch\.jit\.script_method` is deprecated",
                                     category=DeprecationWarning)
-            return c(*args)
+            out = c(*args)
+        self.done.add(dev)
+        return out
 
 
 def _compile(fn, tag):
@@ -366,6 +371,7 @@ class _Kernels:
         self.iterations = 0           # fused iterations run so far (the checked solves' count)
         self.fixed_m = 0              # the most iterations a checked step has needed
         self.fixed_failed = None      # why a block of implicit steps failed to compile
+        self.fixed_inner = True       # False once such a block failed on the batch-innermost layout
 
     def time(self, t, like):
         """t as the graphs take it: a 0-d tensor like ``like`` for a tensor-time system."""
@@ -615,7 +621,8 @@ class CompiledStep(Stepper):
         if system is not self.system:
             raise ValueError("this compiled step was built for another system")
         k, eager_step = self.kernels, self.eager.step
-        carry = cache.carry if type(cache) is _Block and q is cache.last else None
+        carry = (cache.carry if type(cache) is _Block and q is cache.last
+                 and p is cache.ps[cache.i - 1] else None)
         cache = _force_of(cache, q)
         eager = lambda: eager_step(system, q, p, t, h, cache)  # noqa: E731
         if k.failed:
@@ -644,22 +651,35 @@ class CompiledStep(Stepper):
         without a graph and once m is known, a block of K steps whose solves run exactly m
         iterations each as one compiled call and one check of the block's worst residual
         (:meth:`_Kernels.implicit_block`).  A block over the tolerance (or not finite) is
-        dropped and its K steps run checked, which raises m (so m only grows, and each m
-        compiles once); a solve then runs at least as many iterations as the checked one,
-        whose answer it matches to the solver's tolerance."""
+        dropped and its K steps run checked, which raises m where they need more (m never
+        falls, and each m compiles once).  A solve then runs at least as many iterations as
+        the checked one: its answer differs from that one's by about tol / (1 − L), L the
+        contraction factor of the fixed-point map (the last residual is ≤ tol).  No blocks for a
+        first-order state or an empty batch."""
         k, m = self.kernels, self.kernels.fixed_m
         K = self.given_block or IMPLICIT_BUDGET // max(m, 1)
         if (self.fixed_blocks and K > 1 and self._checked <= 0 and not k.fixed_failed
-                and not torch.is_grad_enabled() and 0 < m <= FIXED_MAX_ITER
-                and q.numel() * K <= LOOKAHEAD_MAX and self.n_steps - round((t - self.t0) / h) >= K):
+                and p is not None and q.numel() and not torch.is_grad_enabled()
+                and 0 < m <= FIXED_MAX_ITER and q.numel() * K <= LOOKAHEAD_MAX
+                and self.n_steps - round((t - self.t0) / h) >= K):
             try:
                 # (batch-innermost, as the explicit blocks: 2.6× faster at B = 256 Kepler; a
                 # block's final state goes on to the next in that layout, its ``carry``)
-                qb, pb = carry or (batch_inner(q), batch_inner(p))
-                if not (isinstance(cache, tuple) and all(c.stride(0) == 1 for c in cache)):
-                    cache = _map(batch_inner, cache)    # (else a block's, in its layout)
-                qs, ps, qb, pb, last, r = _budgeted(k.ready, k.implicit_block(K, m), qb, pb,
-                                                    cache, self._time(t, q), h)
+                inner = batch_inner if k.fixed_inner else (lambda x: x)
+                qb, pb = carry or (inner(q), inner(p))
+                if not (isinstance(cache, tuple)
+                        and all(c.dim() and c.stride(0) == 1 for c in cache)):
+                    cache = _map(inner, cache)    # (else a block's, in its layout)
+                try:
+                    qs, ps, qb, pb, last, r = _budgeted(k.ready, k.implicit_block(K, m), qb,
+                                                        pb, cache, self._time(t, q), h)
+                except Exception:  # noqa: BLE001 — once more row-major (a system's q.view())
+                    if qb.is_contiguous() and pb.is_contiguous():
+                        raise
+                    k.fixed_inner = False
+                    qs, ps, qb, pb, last, r = _budgeted(
+                        k.ready, k.implicit_block(K, m), qb.contiguous(), pb.contiguous(),
+                        _row_major(cache), self._time(t, q), h)
             except Exception as err:  # noqa: BLE001 — whatever dynamo/inductor raise
                 k.fixed_failed = _why(err)
                 warnings.warn(f"compile=True: could not compile a block of {self.kernels.name!r} "
@@ -670,8 +690,11 @@ class CompiledStep(Stepper):
                 if float(r) <= (default_tol(q.dtype) if tol is None else tol):   # one sync
                     return _Block(qs, ps, last, (qb, pb)).next()
                 self._checked = K     # (NaN too): these K steps again, checked
-        before = k.iterations      # (a block's warm start is batch-innermost: the checked
-        out = k.fused.step(system, q, p, t, h, _row_major(cache))   # graphs take row-major)
+        # t as the graphs take it (a 0-d tensor for a tensor-time system: a float would be a
+        # constant of the fused iterations' graph, recompiled every step); a block's warm start
+        # is batch-innermost, the checked graphs take it row-major
+        before = k.iterations
+        out = k.fused.step(system, q, p, self._time(t, q), h, _row_major(cache))
         k.fixed_m = max(m, k.iterations - before)
         self._checked -= 1
         return out
@@ -693,7 +716,7 @@ class CompiledStep(Stepper):
                 return None
             with torch.no_grad():
                 return self.saves(q, p, t0, h, n, cache, start=start, rows=rows)
-        if not k.explicit and self.fixed_blocks and not k.failed:
+        if not k.explicit and self.fixed_blocks and not k.failed and p is not None:
             return self._implicit_saves(q, p, t0, h, n, cache, start, rows)
         if K == 1 or k.failed or not k.explicit:
             return super().saves(q, p, t0, h, n, cache, start=start, rows=rows)
@@ -732,9 +755,10 @@ class CompiledStep(Stepper):
                     torch.stack(cache.qs, out=rq)
                     torch.stack(cache.ps, out=rp)
                     j += cache.n
-                    # the cursor at its end, at the row (so the next step finds its warm start)
+                    # the cursor at its end, at the rows (so the next step finds its warm start
+                    # and the block's layout of them, its carry)
                     q, p, cache.i = rq[-1], rp[-1], cache.n
-                    cache.last = q
+                    cache.last, cache.ps[-1] = q, p
                 else:
                     qs[j], ps[j] = q, p
                     j += 1

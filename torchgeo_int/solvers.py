@@ -321,15 +321,15 @@ class FixedIterations:
     steps: the block is one compiled call, and the largest per-sample residual of the last
     iteration of every solve in it, kept in ``r`` (a 0-d tensor; NaN propagates), is checked
     once after the call, which is rejected (and re-run with checks) where it exceeds the
-    tolerance.  Running to a fixed m ≥ the first converged iterate gives the checked solve's
-    answer to within its tolerance."""
+    tolerance.  Run to a fixed m ≥ the checked solve's iterations, the answer differs from that
+    solve's by about tol / (1 − L), L the contraction factor of the map."""
 
     def __init__(self, m: int):
         self.m = _check_int(m, "m")
         self.r = None
 
     def record(self, r):
-        r = r.amax()
+        r = r.amax() if r.numel() else r.new_zeros(())
         self.r = r if self.r is None else torch.maximum(self.r, r)
 
 

@@ -165,14 +165,20 @@ class PartitionedState:
     def field(self, caller, func, t, qi, pi, part=None):
         """(dq, dp) of func at (qi, pi); ``part`` 0 or 1: dq or dp alone (a kick or a drift of
         a separable field uses one half: the other is neither sliced, checked nor reshaped)."""
-        # (natural shapes, this half checked once: no frames; not while torch.compile traces,
-        # whose graphs would otherwise guard on the set and recompile once it fills)
+        # (natural shapes, this half checked once: a shape check, no frames; not while
+        # torch.compile traces, whose graphs would otherwise guard on the set and recompile)
         tracing = torch.compiler.is_compiling()
         if not tracing and part in self.checked:
             if self.is_tuple:
-                return caller(t, (qi, pi))[part]
-            dy = caller(t, torch.cat([qi, pi], -1))
-            return dy[..., :self.split] if part == 0 else dy[..., self.split:]
+                out = caller(t, (qi, pi))
+                d = out[part] if isinstance(out, (tuple, list)) and len(out) == 2 else None
+                if isinstance(d, torch.Tensor) and d.shape == (qi, pi)[part].shape:
+                    return d
+            else:
+                dy = caller(t, torch.cat([qi, pi], -1))
+                if isinstance(dy, torch.Tensor) and dy.shape == self.y_shape:
+                    return dy[..., :self.split] if part == 0 else dy[..., self.split:]
+            # an output unlike the first call's: the checked call below says what is wrong
         out = self._field(caller, func, t, qi, pi, part)
         if part is not None and self.natural and not tracing:
             self.checked.add(part)

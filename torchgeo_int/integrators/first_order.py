@@ -155,12 +155,14 @@ class FirstOrderIntegrator(ImplicitIntegrator):
             return x + h * _field(system, t, x), None, None
         tb = t + a * h
 
-        # x goes in as the solver's args, not captured: its ∂/∂k calls then skip x's history
-        def stage(k, x):
+        # x goes in as the solver's args, not captured: its ∂/∂k calls then skip x's history;
+        # so does tb, so that a compiled solve (compile=True fuses the iterations) sees the same
+        # function every step (a captured float would be a constant of each step's graph)
+        def stage(k, x, tb):
             return _field(system, tb, x + (a * h) * k)
 
         k0 = self._guess(system, x, t, cache)
-        k = self.options.solve(stage, k0, (x,))
+        k = self.options.solve(stage, k0, (x, tb))
         # The stage derivative is the warm start of the next solve (no graph needed for a guess).
         return x + h * k, None, k.detach()
 
