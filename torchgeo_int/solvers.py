@@ -424,7 +424,9 @@ def fixed_point(fn, z0, *, args=(), tol=None, max_iter=100, backward="implicit",
         fuse: ``fuse(fn, check_every, is_tuple)`` -> a function doing what
             :func:`fused_iterations` does (a compiled one), or None; the forward iterations
             between two checks then run as one call of it (``compile=True`` sets it).  Not used
-            with backward="unroll" (its iterations carry the graph).
+            with backward="unroll" (its iterations carry the graph).  Or a
+            :class:`FixedIterations`: exactly its m iterations, unchecked, their last residual
+            kept in it (``compile=True``'s blocks of steps; without a graph only).
 
     Returns:
         z* with the structure, shapes, dtype and device of ``z0``. In implicit mode with grad
