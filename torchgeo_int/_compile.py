@@ -357,7 +357,9 @@ class _Kernels:
         self._tag = next(_ids)
         self._blocks = {}
         self.ready = set()            # the functions whose first (compiling) call is done
-        self.inner = True             # False once a block failed on the batch-innermost layout
+        # False once a block (explicit, or implicit of fixed iterations: a pair has one kind)
+        # failed on the batch-innermost layout
+        self.inner = True
         self.proxy = None if self.explicit else _CompiledFields(system, self, self._tag)
         # An implicit method solved by fixed-point iteration: the same method whose iterations
         # between two convergence checks run as one compiled call (``fuse``), on the system
@@ -371,7 +373,6 @@ class _Kernels:
         self.iterations = 0           # fused iterations run so far (the checked solves' count)
         self.fixed_m = 0              # the most iterations a checked step has needed
         self.fixed_failed = None      # why a block of implicit steps failed to compile
-        self.fixed_inner = True       # False once such a block failed on the batch-innermost layout
 
     def time(self, t, like):
         """t as the graphs take it: a 0-d tensor like ``like`` for a tensor-time system."""
@@ -621,8 +622,8 @@ class CompiledStep(Stepper):
         if system is not self.system:
             raise ValueError("this compiled step was built for another system")
         k, eager_step = self.kernels, self.eager.step
-        carry = (cache.carry if type(cache) is _Block and q is cache.last
-                 and p is cache.ps[cache.i - 1] else None)
+        carry = (cache.carry if type(cache) is _Block and cache.carry is not None   # (implicit)
+                 and q is cache.last and p is cache.ps[cache.i - 1] else None)
         cache = _force_of(cache, q)
         eager = lambda: eager_step(system, q, p, t, h, cache)  # noqa: E731
         if k.failed:
@@ -665,7 +666,7 @@ class CompiledStep(Stepper):
             try:
                 # (batch-innermost, as the explicit blocks: 2.6× faster at B = 256 Kepler; a
                 # block's final state goes on to the next in that layout, its ``carry``)
-                inner = batch_inner if k.fixed_inner else (lambda x: x)
+                inner = batch_inner if k.inner else (lambda x: x)
                 qb, pb = carry or (inner(q), inner(p))
                 if not (isinstance(cache, tuple)
                         and all(c.dim() and c.stride(0) == 1 for c in cache)):
@@ -676,7 +677,7 @@ class CompiledStep(Stepper):
                 except Exception:  # noqa: BLE001 — once more row-major (a system's q.view())
                     if qb.is_contiguous() and pb.is_contiguous():
                         raise
-                    k.fixed_inner = False
+                    k.inner = False
                     qs, ps, qb, pb, last, r = _budgeted(
                         k.ready, k.implicit_block(K, m), qb.contiguous(), pb.contiguous(),
                         _row_major(cache), self._time(t, q), h)
