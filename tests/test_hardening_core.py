@@ -205,3 +205,41 @@ def test_partitioned_odeint_checks_func_after_its_first_calls():
     t = torch.tensor([0.0, 1.0], dtype=DT)
     with pytest.raises(ValueError, match=r"func returned shape \(1, 2\), expected \(3, 2\)"):
         tgi.odeint(f, (q0, p0), t, method="verlet", options=dict(separable=True, step_size=0.1))
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_partitioned_odeint_calls_func_directly_and_matches_a_hand_loop(monkeypatch, flat):
+    """After one checked call per half, a separable odeint calls func without the checking
+    frames (PartitionedState.direct), for y0 = (q0, p0) and a flat y0; the result is a hand
+    loop's bit for bit, and func still gets a fresh 0-d t of y's dtype at every call."""
+    from torchgeo_int._odeint import state as st
+    checked, framed = [], []
+    orig, orig_field = st.PartitionedState._field, st.PartitionedState.field
+    monkeypatch.setattr(st.PartitionedState, "_field",
+                        lambda self, *a: checked.append(1) or orig(self, *a))
+    monkeypatch.setattr(st.PartitionedState, "field",
+                        lambda self, *a: framed.append(1) or orig_field(self, *a))
+    seen = []
+
+    def f(t, y):
+        seen.append(t)
+        q, p = (y[..., :2], y[..., 2:]) if flat else y
+        out = (p, -q ** 3)
+        return torch.cat(out, -1) if flat else out
+    q0 = torch.tensor([[1.0, 0.5], [0.2, -0.3]], dtype=DT)
+    p0 = torch.tensor([[0.0, 0.1], [0.3, 0.0]], dtype=DT)
+    h, n = 0.1, 30
+    y0 = torch.cat([q0, p0], -1) if flat else (q0, p0)
+    ys = tgi.odeint(f, y0, torch.tensor([0.0, n * h], dtype=DT), method="verlet",
+                    options=dict(separable=True, step_size=h))
+    assert len(checked) == 2 and len(seen) == 2 * n + 1       # one checked call per half
+    assert len(framed) == 2                                   # later calls: func directly
+    assert all(t.dim() == 0 and t.dtype == DT for t in seen) and len({id(t) for t in seen}) == len(seen)
+    q, p = q0, p0
+    for _ in range(n):
+        p = p + 0.5 * h * -q ** 3
+        q = q + h * p
+        p = p + 0.5 * h * -q ** 3
+    got = (ys[-1, :, :2], ys[-1, :, 2:]) if flat else (ys[0][-1], ys[1][-1])
+    torch.testing.assert_close(got[0], q, rtol=0, atol=1e-15)
+    torch.testing.assert_close(got[1], p, rtol=0, atol=1e-15)
