@@ -179,6 +179,10 @@ def test_trajectory_fit_errors():
 
     with pytest.raises(ValueError, match="gauss_newton must be an int"):
         TrajectoryFit(H, q, p, dt=0.1, gauss_newton=-1)
+    with pytest.raises(ValueError, match="solve_every must be an int"):
+        TrajectoryFit(H, q, p, dt=0.1, gauss_newton=1, solve_every=0)
+    with pytest.raises(ValueError, match="solve_every = 2 applies to solved states"):
+        TrajectoryFit(H, q, p, dt=0.1, solve_every=2)
     solved = TrajectoryFit(SeparableHNN(1, width=4), q, p, dt=0.1, gauss_newton=1)
     with pytest.raises(ValueError, match="state_lr has no effect"):
         solved.optimizer(state_lr=1e-2)
@@ -268,6 +272,35 @@ def test_gauss_newton_solves_only_the_batch_and_the_model_trains_at_solved_state
     hist = fit(single, TrajectoryFit.loss, single.segments, steps=80, optimizer=single.optimizer(lr=3e-3),
                progress=False)
     assert hist["loss"][-1] < 0.5 * first
+
+
+def test_solve_every_solves_at_every_kth_training_loss_only():
+    """solve_every=k: the batch's nodes are solved at training-mode losses 0, k, 2k, … and keep
+    their states in between; evaluation never solves nor advances the count; the fit still
+    trains."""
+    H = _oscillator()
+    q, p, _ = _data(H, B=8, T=13, noise=0.05, seed=2)
+    torch.manual_seed(0)
+    model = SeparableHNN(1, width=16)
+    tf = TrajectoryFit(model, q, p, dt=0.1, segment=4, gauss_newton=1, solve_every=3)
+    ids = torch.tensor([0, 5, 7])
+    solved_at = []
+    for i in range(7):
+        before = tf.q_nodes.detach().clone()
+        tf(ids)
+        if not torch.equal(tf.q_nodes.detach(), before):
+            solved_at.append(i)
+        if i == 1:                                  # an evaluation in between: no solve, no tick
+            tf.eval()
+            tf(ids)
+            tf.train()
+            assert tf.training_losses == 2
+    assert solved_at == [0, 3, 6] and tf.training_losses == 7
+    first = float(tf.eval()().detach())
+    tf.train()
+    hist = fit(tf, TrajectoryFit.loss, tf.segments, steps=80, batch_size=8,
+               optimizer=tf.optimizer(lr=3e-3), progress=False)
+    assert float(tf.eval()().detach()) < 0.7 * first and len(hist["loss"]) == 80
 
 
 # ---------------------------------------------------------------- modified Hamiltonians

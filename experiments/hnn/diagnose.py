@@ -217,6 +217,8 @@ def main(argv=None):
     ap.add_argument("--state-lr", type=float)
     ap.add_argument("--gauss-newton", type=int, help="Gauss–Newton steps on the batch's node states "
                     "per training step (TrajectoryFit's gauss_newton; 0: learned by the optimizer)")
+    ap.add_argument("--solve-every", type=int, help="solve the node states at every k-th training "
+                    "step only (TrajectoryFit's solve_every; with --gauss-newton)")
     ap.add_argument("--substeps", type=int, default=1, help="substeps of arm (e)")
     ap.add_argument("--method2")
     ap.add_argument("--substeps2", type=int)
@@ -237,7 +239,8 @@ def main(argv=None):
     opt_options = ({} if args.state_optimizer is None
                    else {"lazy_states": args.state_optimizer == "lazy"})
     shooting = dict(SHOOTING, **TASK_SHOOTING[args.task])
-    for k in ("segment", "continuity", "state_lr", "method2", "substeps2", "gauss_newton"):
+    for k in ("segment", "continuity", "state_lr", "method2", "substeps2", "gauss_newton",
+              "solve_every"):
         v = getattr(args, k)
         if v is not None:
             shooting[k] = v

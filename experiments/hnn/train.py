@@ -110,7 +110,7 @@ def arms(task: Task, *, b_model: str = "auto", node_window: int = 5, windows=(1,
 
 #: Defaults of the shooting arms (e), (e′), (f); run.CONFIG sets them per task.
 SHOOTING = dict(segment=None, continuity=1.0, state_lr=1e-3, method2="yoshida4", substeps2=1,
-                gauss_newton=0, batch_factor=1)
+                gauss_newton=0, solve_every=1, batch_factor=1)
 
 
 def state_lr(sh: dict):
@@ -161,7 +161,8 @@ def shooting_fit(arm: Arm, model, task: Task, *, shooting: dict | None = None) -
         q, p = q[:, :keep], p[:, :keep]
     return TrajectoryFit(model, q, p, dt=task.dt, segment=seg,
                          method=arm.train_method or arm.method, substeps=arm.substeps,
-                         continuity=sh["continuity"], gauss_newton=sh["gauss_newton"])
+                         continuity=sh["continuity"], gauss_newton=sh["gauss_newton"],
+                         solve_every=sh["solve_every"])
 
 
 def train(arm: Arm, task: Task, *, seed: int, steps: int, batch_size: int | None, lr: float,
