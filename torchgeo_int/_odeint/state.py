@@ -185,6 +185,7 @@ class PartitionedState:
         checked, split, y_shape, is_tuple = self.checked, self.split, self.y_shape, self.is_tuple
         dtype, device, npd = caller.dtype, caller.device, caller.np_dtype
         compiling, is_grad, Tensor = torch.compiler.is_compiling, torch.is_grad_enabled, torch.Tensor
+        kept = [None, None]
 
         def make(part):
             shape = (self.q_shape, self.p_shape)[part]     # the zero half's and the output's
@@ -193,9 +194,9 @@ class PartitionedState:
                 if (compiling() or part not in checked or caller.window is not None
                         or caller.time_map is not None or (caller.grad and not is_grad())):
                     return None
-                z = zeros.get((part, x.shape))
-                if z is None:
-                    z = zeros[part, x.shape] = x.new_zeros(shape)
+                z = kept[part]
+                if z is None:   # (a natural state keeps its shapes: one lookup per system)
+                    z = kept[part] = zeros.setdefault((part, x.shape), x.new_zeros(shape))
                 if isinstance(t, Tensor):
                     tt = t.to(dtype)
                 elif npd is not None:
