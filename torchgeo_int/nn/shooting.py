@@ -40,7 +40,9 @@ and :meth:`TrajectoryFit.optimizer` has only the model's group.  A sweep rolls o
 2n + 3 times the batch's states without a graph, which pays where the states are few (single
 shooting of short trajectories); on minibatched multiple shooting (noisy two-body, segments of
 7, batch 200, development seed) it lowered the node error 0.12 → 0.096 but not the error of the
-learned H, in about 8× the training time.
+learned H, in about 8× the training time.  ``solve_every=k`` solves at every k-th training step
+only: the states, once near their solution, move slowly with θ (one-step segments on noisy
+two-body, development seed: the same ε_H and energy error at k = 8 in 0.43× the time).
 """
 from __future__ import annotations
 
