@@ -207,11 +207,14 @@ def test_partitioned_odeint_checks_func_after_its_first_calls():
         tgi.odeint(f, (q0, p0), t, method="verlet", options=dict(separable=True, step_size=0.1))
 
 
-@pytest.mark.parametrize("flat", [False, True])
+@pytest.mark.parametrize("flat", [False, True, "namedtuple"])
 def test_partitioned_odeint_calls_func_directly_and_matches_a_hand_loop(monkeypatch, flat):
     """After one checked call per half, a separable odeint calls func without the checking
-    frames (PartitionedState.direct), for y0 = (q0, p0) and a flat y0; the result is a hand
-    loop's bit for bit, and func still gets a fresh 0-d t of y's dtype at every call."""
+    frames (PartitionedState.direct), for y0 = (q0, p0) (func returning a tuple or a
+    namedtuple) and a flat y0; func runs once per half-step, the result is a hand loop's, and
+    func still gets a fresh 0-d t of y's dtype at every call."""
+    from collections import namedtuple
+    Pair = namedtuple("Pair", "dq dp")
     from torchgeo_int._odeint import state as st
     checked, framed = [], []
     orig, orig_field = st.PartitionedState._field, st.PartitionedState.field
@@ -223,13 +226,13 @@ def test_partitioned_odeint_calls_func_directly_and_matches_a_hand_loop(monkeypa
 
     def f(t, y):
         seen.append(t)
-        q, p = (y[..., :2], y[..., 2:]) if flat else y
+        q, p = (y[..., :2], y[..., 2:]) if flat is True else y
         out = (p, -q ** 3)
-        return torch.cat(out, -1) if flat else out
+        return torch.cat(out, -1) if flat is True else Pair(*out) if flat else out
     q0 = torch.tensor([[1.0, 0.5], [0.2, -0.3]], dtype=DT)
     p0 = torch.tensor([[0.0, 0.1], [0.3, 0.0]], dtype=DT)
     h, n = 0.1, 30
-    y0 = torch.cat([q0, p0], -1) if flat else (q0, p0)
+    y0 = torch.cat([q0, p0], -1) if flat is True else (q0, p0)
     ys = tgi.odeint(f, y0, torch.tensor([0.0, n * h], dtype=DT), method="verlet",
                     options=dict(separable=True, step_size=h))
     assert len(checked) == 2 and len(seen) == 2 * n + 1       # one checked call per half
@@ -240,6 +243,6 @@ def test_partitioned_odeint_calls_func_directly_and_matches_a_hand_loop(monkeypa
         p = p + 0.5 * h * -q ** 3
         q = q + h * p
         p = p + 0.5 * h * -q ** 3
-    got = (ys[-1, :, :2], ys[-1, :, 2:]) if flat else (ys[0][-1], ys[1][-1])
+    got = (ys[-1, :, :2], ys[-1, :, 2:]) if flat is True else (ys[0][-1], ys[1][-1])
     torch.testing.assert_close(got[0], q, rtol=0, atol=1e-15)
     torch.testing.assert_close(got[1], p, rtol=0, atol=1e-15)

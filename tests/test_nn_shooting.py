@@ -274,10 +274,11 @@ def test_gauss_newton_solves_only_the_batch_and_the_model_trains_at_solved_state
     assert hist["loss"][-1] < 0.5 * first
 
 
-def test_solve_every_solves_at_every_kth_training_loss_only():
-    """solve_every=k: the batch's nodes are solved at training-mode losses 0, k, 2k, … and keep
-    their states in between; evaluation never solves nor advances the count; the fit still
-    trains."""
+def test_solve_every_solves_each_node_at_its_first_and_every_kth_visit(tmp_path):
+    """solve_every=k: a node is solved at its training-mode visits 0, k, 2k, … and keeps its
+    state in between (a node first reached late is solved then); evaluation neither solves nor
+    counts; the counts travel with state_dict, so a resumed fit solves where the uninterrupted
+    one does; the fit still trains."""
     H = _oscillator()
     q, p, _ = _data(H, B=8, T=13, noise=0.05, seed=2)
     torch.manual_seed(0)
@@ -286,16 +287,34 @@ def test_solve_every_solves_at_every_kth_training_loss_only():
     ids = torch.tensor([0, 5, 7])
     solved_at = []
     for i in range(7):
-        before = tf.q_nodes.detach().clone()
-        tf(ids)
-        if not torch.equal(tf.q_nodes.detach(), before):
-            solved_at.append(i)
-        if i == 1:                                  # an evaluation in between: no solve, no tick
+        before = tf.q_nodes.detach().clone().reshape(-1)
+        tf(ids if i != 4 else torch.tensor([0, 5, 7, 11]))       # node 11 first reached at call 4
+        moved = tf.q_nodes.detach().reshape(-1) != before
+        solved_at.append(sorted(torch.nonzero(moved).flatten().tolist()))
+        if i == 1:                                  # an evaluation in between: no solve, no count
             tf.eval()
             tf(ids)
             tf.train()
-            assert tf.training_losses == 2
-    assert solved_at == [0, 3, 6] and tf.training_losses == 7
+    assert solved_at == [[0, 5, 7], [], [], [0, 5, 7], [11], [], [0, 5, 7]]
+    assert tf.visits[[0, 5, 7, 11]].tolist() == [7, 7, 7, 1] and int(tf.visits.sum()) == 22
+    assert "visits" in tf.state_dict()
+
+    def make():
+        torch.manual_seed(1)
+        return TrajectoryFit(SeparableHNN(1, width=16), q, p, dt=0.1, segment=4, gauss_newton=1,
+                             solve_every=3)
+    whole = make()
+    fit(whole, TrajectoryFit.loss, whole.segments, steps=10, batch_size=4,
+        optimizer=whole.optimizer(lr=3e-3), progress=False)
+    ck = str(tmp_path / "ck.pt")
+    part = make()
+    fit(part, TrajectoryFit.loss, part.segments, steps=4, batch_size=4,
+        optimizer=part.optimizer(lr=3e-3), progress=False, checkpoint=ck)
+    resumed = make()
+    fit(resumed, TrajectoryFit.loss, resumed.segments, steps=10, batch_size=4,
+        optimizer=resumed.optimizer(lr=3e-3), progress=False, checkpoint=ck, resume=True)
+    for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
     first = float(tf.eval()().detach())
     tf.train()
     hist = fit(tf, TrajectoryFit.loss, tf.segments, steps=80, batch_size=8,

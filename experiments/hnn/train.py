@@ -162,7 +162,7 @@ def shooting_fit(arm: Arm, model, task: Task, *, shooting: dict | None = None) -
     return TrajectoryFit(model, q, p, dt=task.dt, segment=seg,
                          method=arm.train_method or arm.method, substeps=arm.substeps,
                          continuity=sh["continuity"], gauss_newton=sh["gauss_newton"],
-                         solve_every=sh["solve_every"])
+                         solve_every=sh["solve_every"] if sh["gauss_newton"] else 1)
 
 
 def train(arm: Arm, task: Task, *, seed: int, steps: int, batch_size: int | None, lr: float,

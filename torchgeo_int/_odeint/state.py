@@ -165,7 +165,8 @@ class PartitionedState:
     def field(self, caller, func, t, qi, pi, part=None):
         """(dq, dp) of func at (qi, pi), checked; ``part`` 0 or 1: dq or dp alone (a kick or a
         drift of a separable field uses one half: the other is neither sliced, checked nor
-        reshaped).  A half checked once is then called by :meth:`direct`'s frame."""
+        reshaped).  A half checked once is then called through :meth:`direct`, except where
+        that declines (see there)."""
         out = self._field(caller, func, t, qi, pi, part)
         # (not while torch.compile traces: its graphs would guard on the set and recompile)
         if part is not None and self.natural and not torch.compiler.is_compiling():
@@ -173,11 +174,13 @@ class PartitionedState:
         return out
 
     def direct(self, caller, func, zeros):
-        """(velocity, force) as one frame each around func, or None where a half is not yet
-        checked, or the call needs UserFunc's other frames (a perturbed window, a time map, a
-        no-grad iteration of a grad-mode call) or is traced: the caller then takes
-        :meth:`field`.  Natural separable states only: the other half is a kept zero tensor of
-        the user's shape, from ``zeros`` (PartitionedSystem's, keyed as there).  Why: the
+        """(velocity, force): functions of (t, x) that call func in one frame, or None for a
+        state not in the user's own layout.  Each returns None (the caller then takes
+        :meth:`field`) where its half is not yet checked, or the call needs UserFunc's other
+        frames (a perturbed window, a time map, a no-grad iteration of a grad-mode call), or
+        torch.compile traces, or the output is unlike the checked one.  The other half is a
+        kept zero tensor of the user's shape, from ``zeros`` (PartitionedSystem's, keyed as
+        there).  Why: the
         checked path's five frames cost ~5 µs a call, as much as the whole 1.1× margin over a
         hand-written loop leaves at B = 4096 on Kepler (a step of two calls: ~160 µs)."""
         if not self.natural:
@@ -205,7 +208,7 @@ class PartitionedState:
                     tt = torch.full((), t, dtype=dtype, device=device)
                 if is_tuple:
                     out = func(tt, (z, x) if part == 0 else (x, z))
-                    if type(out) in (tuple, list) and len(out) == 2:
+                    if isinstance(out, (tuple, list)) and len(out) == 2:
                         d = out[part]
                         if isinstance(d, Tensor) and d.shape == shape:
                             return d

@@ -40,9 +40,8 @@ and :meth:`TrajectoryFit.optimizer` has only the model's group.  A sweep rolls o
 2n + 3 times the batch's states without a graph, which pays where the states are few (single
 shooting of short trajectories); on minibatched multiple shooting (noisy two-body, segments of
 7, batch 200, development seed) it lowered the node error 0.12 → 0.096 but not the error of the
-learned H, in about 8× the training time.  ``solve_every=k`` solves at every k-th training step
-only: the states, once near their solution, move slowly with θ (one-step segments on noisy
-two-body, development seed: the same ε_H and energy error at k = 8 in 0.43× the time).
+learned H, in about 8× the training time.  ``solve_every=k`` solves a node at its first visit
+and then at every k-th only: the states, once near their solution, move slowly with θ.
 """
 from __future__ import annotations
 
@@ -75,12 +74,13 @@ class TrajectoryFit(nn.Module):
     ``rollout_options`` go to :func:`torchgeo_int.rollout` (``grad="checkpoint"`` …).
     ``gauss_newton``: Gauss–Newton steps on the batch's node states before every training-mode
     loss evaluation (0: the states are learned by the optimizer; see the module docstring and
-    :meth:`solve_states`).  ``solve_every``: solve them at every k-th training-mode loss only
-    (the first included); in between the batch's nodes keep their last solved states — block
-    coordinate descent, as a stiff solver keeps its Jacobian for some steps.  Where the
-    solve dominates a step (one-step segments: a sweep rolls out 2n + 3 times the batch) this
-    divides the training time by up to k; a node reached in a step without a solve has its
-    state from an earlier θ.
+    :meth:`solve_states`).  ``solve_every``: a node is solved at its first training-mode
+    visit (its segment in the batch) and then at every k-th; at its other visits it keeps its
+    last solved state, from an earlier θ — block coordinate descent, as a stiff solver keeps
+    its Jacobian for some steps.  Where the solve dominates a step (one-step segments: a sweep
+    rolls out 2n + 3 times the batch) this divides the training time by up to k.  The visit
+    counts are the buffer ``visits`` (saved with the module, so a resumed fit solves where the
+    uninterrupted one would).
 
     Attributes: ``model``, ``q_nodes`` / ``p_nodes`` (``nn.Parameter`` of shape ``(B, S, n)``),
     ``segments`` (the tuple ``(arange(B·S),)``, the data to hand to ``fit``).
@@ -132,7 +132,8 @@ class TrajectoryFit(nn.Module):
         if self.solve_every > 1 and not self.gauss_newton:
             raise ValueError(f"solve_every = {solve_every} applies to solved states: pass "
                              f"gauss_newton ≥ 1 with it (learned states move at every step)")
-        self.training_losses = 0     # training-mode loss evaluations so far (solve_every's clock)
+        # training-mode visits of each segment's node so far (solve_every's clock, per node)
+        self.register_buffer("visits", torch.zeros(B * S, dtype=torch.long, device=q.device))
         solved = self.gauss_newton > 0           # solved states are not learned: no graph to them
         self.q_nodes = nn.Parameter(q0.detach().contiguous().clone(), requires_grad=not solved)
         self.p_nodes = nn.Parameter(p0.detach().contiguous().clone(), requires_grad=not solved)
@@ -186,9 +187,13 @@ class TrajectoryFit(nn.Module):
         total = self.trajectories * self.n_segments
         index = self._index(index)
         if self.gauss_newton and self.training:
-            if self.training_losses % self.solve_every == 0:
+            if self.solve_every == 1:
                 self.solve_states(index, steps=self.gauss_newton)
-            self.training_losses += 1
+            else:
+                due = index[self.visits[index] % self.solve_every == 0]
+                if due.numel():
+                    self.solve_states(due, steps=self.gauss_newton)
+            self.visits[index] += 1
         n, seg, S = self.dim, self.segment, self.n_segments
         qn, pn = self.q_nodes.reshape(total, n), self.p_nodes.reshape(total, n)
         qs, ps = self._roll(qn[index], pn[index])          # (seg + 1, N, n); qs[0] is the node
