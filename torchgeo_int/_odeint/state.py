@@ -34,14 +34,23 @@ class UserFunc:
         """out multiplied by the time map's c (the field of a rescaled step; contract.TimeMap)."""
         return out if self.time_map is None else self.time_map.scale(out)
 
+    def tensor_time(self, t):
+        """A fresh 0-d tensor t of y's dtype (compiled graphs pass t as a tensor already)."""
+        if isinstance(t, torch.Tensor):
+            return t.to(self.dtype)
+        if self.np_dtype is not None:
+            return torch.from_numpy(np.array(t, dtype=self.np_dtype))
+        return torch.full((), t, dtype=self.dtype, device=self.device)
+
+    def plain(self):
+        """Whether a call is func(t, y) itself: no perturbed window, no time map, and not a
+        no-grad iteration of a grad-mode call."""
+        return (self.window is None and self.time_map is None
+                and (not self.grad or torch.is_grad_enabled()))
+
     def __call__(self, t, y):
-        if isinstance(t, torch.Tensor):   # (compiled graphs pass t as a tensor)
-            tt = t.to(self.dtype)
-        elif self.np_dtype is not None:
-            tt = torch.from_numpy(np.array(t, dtype=self.np_dtype))
-        else:
-            tt = torch.full((), t, dtype=self.dtype, device=self.device)
-        if self.window is None and self.time_map is None and (not self.grad or torch.is_grad_enabled()):
+        tt = self.tensor_time(t)
+        if self.plain():
             return self.func(tt, y)   # the usual call, without the frames below
         if self.window is not None:
             tt = perturbed(tt, self.window)
@@ -177,35 +186,28 @@ class PartitionedState:
         """(velocity, force): functions of (t, x) that call func in one frame, or None for a
         state not in the user's own layout.  Each returns None (the caller then takes
         :meth:`field`) where its half is not yet checked, or the call needs UserFunc's other
-        frames (a perturbed window, a time map, a no-grad iteration of a grad-mode call), or
-        torch.compile traces, or the output is unlike the checked one.  The other half is a
-        kept zero tensor of the user's shape, from ``zeros`` (PartitionedSystem's, keyed as
-        there).  Why: the
-        checked path's five frames cost ~5 µs a call, as much as the whole 1.1× margin over a
-        hand-written loop leaves at B = 4096 on Kepler (a step of two calls: ~160 µs)."""
+        frames (not ``caller.plain()``), or torch.compile traces, or the output is unlike the
+        checked one.  The other half is a kept zero tensor of the user's shape, from ``zeros``
+        (PartitionedSystem's, keyed as there).  Why: the checked path's five frames cost ~5 µs
+        a call, as much as the whole 1.1× margin over a hand-written loop leaves at B = 4096 on
+        Kepler (a step of two calls: ~160 µs)."""
         if not self.natural:
             return None
         checked, split, y_shape, is_tuple = self.checked, self.split, self.y_shape, self.is_tuple
-        dtype, device, npd = caller.dtype, caller.device, caller.np_dtype
-        compiling, is_grad, Tensor = torch.compiler.is_compiling, torch.is_grad_enabled, torch.Tensor
+        compiling, plain, time, Tensor = (torch.compiler.is_compiling, caller.plain,
+                                          caller.tensor_time, torch.Tensor)
         kept = [None, None]
 
         def make(part):
             shape = (self.q_shape, self.p_shape)[part]     # the zero half's and the output's
 
             def call(t, x):
-                if (compiling() or part not in checked or caller.window is not None
-                        or caller.time_map is not None or (caller.grad and not is_grad())):
+                if compiling() or part not in checked or not plain():
                     return None
                 z = kept[part]
                 if z is None:   # (a natural state keeps its shapes: one lookup per system)
                     z = kept[part] = zeros.setdefault((part, x.shape), x.new_zeros(shape))
-                if isinstance(t, Tensor):
-                    tt = t.to(dtype)
-                elif npd is not None:
-                    tt = torch.from_numpy(np.array(t, dtype=npd))
-                else:
-                    tt = torch.full((), t, dtype=dtype, device=device)
+                tt = time(t)
                 if is_tuple:
                     out = func(tt, (z, x) if part == 0 else (x, z))
                     if isinstance(out, (tuple, list)) and len(out) == 2:

@@ -187,12 +187,9 @@ class TrajectoryFit(nn.Module):
         total = self.trajectories * self.n_segments
         index = self._index(index)
         if self.gauss_newton and self.training:
-            if self.solve_every == 1:
-                self.solve_states(index, steps=self.gauss_newton)
-            else:
-                due = index[self.visits[index] % self.solve_every == 0]
-                if due.numel():
-                    self.solve_states(due, steps=self.gauss_newton)
+            due = index[self.visits[index] % self.solve_every == 0]
+            if due.numel():
+                self.solve_states(due, steps=self.gauss_newton)
             self.visits[index] += 1
         n, seg, S = self.dim, self.segment, self.n_segments
         qn, pn = self.q_nodes.reshape(total, n), self.p_nodes.reshape(total, n)
