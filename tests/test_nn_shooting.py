@@ -274,6 +274,22 @@ def test_gauss_newton_solves_only_the_batch_and_the_model_trains_at_solved_state
     assert hist["loss"][-1] < 0.5 * first
 
 
+def test_trajectory_fit_refuses_time_first_data_unless_told():
+    """A rollout's (T, B, n) output handed over as is would be fitted along the wrong axis: it
+    is refused naming both layouts; layout="time_first" takes it, the same fit as transposed."""
+    H = _oscillator()
+    q, p, _ = _data(H, B=16, T=13, noise=0.01, seed=3)
+    qt, pt = q.transpose(0, 1), p.transpose(0, 1)                  # (13, 16, 1): 12 and 15 intervals, both ÷ 3
+    with pytest.raises(ValueError, match="look time-first"):
+        TrajectoryFit(H, qt, pt, dt=0.1, segment=3)
+    a = TrajectoryFit(H, qt, pt, dt=0.1, segment=3, layout="time_first")
+    b = TrajectoryFit(H, q, p, dt=0.1, segment=3)
+    assert a.trajectories == 16 and torch.equal(a.q_obs, b.q_obs) and float(a()) == float(b())
+    assert TrajectoryFit(H, qt, pt, dt=0.1, segment=3, layout="windows").trajectories == 13
+    with pytest.raises(ValueError, match="layout must be one of"):
+        TrajectoryFit(H, q, p, dt=0.1, layout="batch_first")
+
+
 def test_solve_every_solves_each_node_at_its_first_and_every_kth_visit(tmp_path):
     """solve_every=k: a node is solved at its training-mode visits 0, k, 2k, … and keeps its
     state in between (a node first reached late is solved then); evaluation neither solves nor

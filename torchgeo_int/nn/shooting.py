@@ -51,7 +51,7 @@ from torch import nn
 
 from .._validate import check_finite, check_int, check_real
 from ..rollout import as_system, rollout
-from .losses import check_data
+from .losses import check_data, check_layout
 from .optim import LazyAdam
 
 Tensor = torch.Tensor
@@ -80,7 +80,9 @@ class TrajectoryFit(nn.Module):
     its Jacobian for some steps.  Where the solve dominates a step (one-step segments: a sweep
     rolls out 2n + 3 times the batch) this divides the training time by up to k.  The visit
     counts are the buffer ``visits`` (saved with the module, so a resumed fit solves where the
-    uninterrupted one would).
+    uninterrupted one would).  ``layout``: as the losses' (:func:`~torchgeo_int.nn.losses.check_layout`):
+    ``None`` refuses data that look time-first, ``"time_first"`` takes ``(T, B, n)`` as
+    :func:`~torchgeo_int.rollout` returns it, ``"windows"`` skips the check.
 
     Attributes: ``model``, ``q_nodes`` / ``p_nodes`` (``nn.Parameter`` of shape ``(B, S, n)``),
     ``segments`` (the tuple ``(arange(B·S),)``, the data to hand to ``fit``).
@@ -89,12 +91,15 @@ class TrajectoryFit(nn.Module):
     def __init__(self, model, q: Tensor, p: Tensor, *, dt: float, segment: int | None = None,
                  method="verlet", substeps: int = 1, continuity: float = 1.0,
                  q0: Tensor | None = None, p0: Tensor | None = None, gauss_newton: int = 0,
-                 solve_every: int = 1, **rollout_options):
+                 solve_every: int = 1, layout: str | None = None, **rollout_options):
         super().__init__()
         system = as_system(model)
         if getattr(system, "time_dependent", False):
             raise NotImplementedError("TrajectoryFit rolls segments out from t = 0: it needs an "
                                       "autonomous H(q, p)")
+        # layout="time_first" transposes here; the look-time-first check (layout=None) comes
+        # after the grid's, whose message already names the transpose where the grid fails
+        q, p = check_layout(q, p, "windows" if layout is None else layout, "TrajectoryFit")
         check_data(q, p, names=("q", "p"), ndim=3, min_len=2)
         self.model = system
         self.dt = _positive(dt, "dt")
@@ -112,6 +117,8 @@ class TrajectoryFit(nn.Module):
                              + (f"; q and p are batch-first (B, T, n) — if yours are time-first "
                                 f"(T, B, n) = {tuple(q.shape)}, transpose(0, 1) them"
                                 if (B - 1) % seg == 0 else ""))
+        if layout is None:
+            check_layout(q, p, None, "TrajectoryFit")
         S = intervals // seg
         self.trajectories, self.n_segments, self.segment, self.dim = B, S, seg, n
 
