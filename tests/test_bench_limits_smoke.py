@@ -31,7 +31,8 @@ def no_numba(monkeypatch):
 def test_limits_quick_without_numba(tmp_path, no_numba):
     data = limits.main(["--quick", "--batches", "1", "8", "--steps", "12", "--repeats", "1",
                         "--configs", *CONFIGS, "--sections", "table", "training", "odeint",
-                        "midpoint", "--out", str(tmp_path), "--no-progress", "--threads", "1"])
+                        "midpoint", "compute", "--out", str(tmp_path), "--no-progress",
+                        "--threads", "1"])
     md = (tmp_path / "limits.md").read_text()
     assert limits.NO_NUMBA in md and "numba loop" not in md
     saved = json.loads((tmp_path / "limits.json").read_text())["data"]
@@ -58,6 +59,27 @@ def test_limits_quick_without_numba(tmp_path, no_numba):
     assert set(mid) == {"rollout implicit_midpoint", "rollout implicit_midpoint compile=True"}
     assert all(r["max_diff"] < 1e-12 for r in mid.values())
     assert data["numba"] is False
+    assert "compute" not in saved       # the compute section needs the numba loops: skipped
+
+
+def test_limits_compute_section_compares_every_state_with_final_state(tmp_path, monkeypatch):
+    """--sections compute: every state vs final state only, numba loops and compiled rollouts in
+    the same rounds.  The numba loops are replaced by the torch hand loop (numba is optional), so
+    this checks the section's wiring and that all four compute the same final state."""
+    real = limits.has
+    monkeypatch.setattr(limits, "has", lambda name: True if name == "numba" else real(name))
+    monkeypatch.setattr(limits, "numba_verlet", limits.hand_torch)
+    monkeypatch.setattr(limits, "numba_verlet_final",
+                        lambda q0, p0, n: tuple(x[-1:] for x in limits.hand_torch(q0, p0, n)))
+    data = limits.main(["--quick", "--steps", "32", "--repeats", "1", "--sections", "compute",
+                        "--out", str(tmp_path), "--no-progress", "--threads", "1"])
+    rows = {r["config"]: r for r in data["compute"]}
+    assert set(rows) == {"numba loop, every state", "numba loop, final state only",
+                         "rollout compile=True, every state", "rollout compile=True, final state only"}
+    assert rows["numba loop, every state"]["ratio"] == 1.0
+    assert all(r["batch"] == 256 and r["steps"] == 32 and r["ns"] > 0 for r in rows.values())
+    assert all(r["max_diff"] < 1e-12 for r in rows.values())
+    assert "arithmetic and stores" in (tmp_path / "limits.md").read_text()
 
 
 def test_limits_pivot_puts_the_limit_in_ns_and_the_rest_as_ratios():
@@ -80,3 +102,14 @@ def test_steps_are_capped_and_at_least_the_minimum():
     assert limits.steps_for(65536, False) == limits.WORK // 65536
     assert limits.steps_for(2 ** 30, False) == limits.MIN_STEPS
     assert limits.steps_for(1, True) == limits.MIN_STEPS
+
+
+def test_limits_call_floor_is_one_compiled_call(monkeypatch):
+    """The small section's floor: µs per call of a compiled one-op function, compiled with the
+    library's inductor options (so with the C++ wrapper where compile=True uses it)."""
+    seen = []
+    real = limits._compile._inductor_options
+    monkeypatch.setattr(limits._compile, "_inductor_options",
+                        lambda dev="cpu", numel=0: seen.append((dev, numel)) or real(dev, numel))
+    us = limits._call_floor(type("Args", (), {"quick": True})(), calls=20)
+    assert seen == [("cpu", 2)] and 0 < us < 1e5

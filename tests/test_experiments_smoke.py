@@ -237,6 +237,11 @@ def test_hnn_diagnose_tiny(tmp_path):
     assert 0.1 < rows[0]["node_err"] < 0.2          # the observations: σ = 0.1 on q and on p
     assert all(math.isfinite(r["eps_H"]) and r["hw_max"] > 0 for r in rows)
     assert "| step | loss | defect |" in (tmp_path / "diagnose_pendulum_t.md").read_text()
+    # noise-free two-body: the observations are the clean states (node error 0 before training)
+    diagnose.main(["--task", "twobody", "--trajectories", "10", "--arms", "e", "--steps", "2",
+                   "--every", "2", "--batch-size", "8", "--out", str(tmp_path), "--tag", "t"])
+    rows = json.loads((tmp_path / "diagnose_twobody_t.json").read_text())["arms"]["e"]["rows"]
+    assert rows[0]["node_err"] < 1e-6 and all(math.isfinite(r["eps_H"]) for r in rows)
     assert diagnose.spikes([3.0, 2.0, 1.0, 1.1, 1.0, 1.2, 1.3], start=0, rise=0.05) == \
         {"steps_above": 3, "max_rise": pytest.approx(0.3), "onsets": [4, 6]}
 

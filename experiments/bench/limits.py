@@ -1,7 +1,7 @@
 """Limits: the configurations users run, side by side with the practical CPU limit.
 
     python -m experiments.bench.limits [--quick] [--batches 1 64 4096 65536] [--configs ...]
-                                       [--sections table training odeint midpoint small]
+                                       [--sections table training odeint midpoint small compute]
 
 The limit is a numba ``@njit`` loop (the optional ``bench`` extra: ``pip install
 'torchgeo_int[bench]'``): Störmer–Verlet as an FSAL kick–drift–kick loop over the batch, every
@@ -38,6 +38,9 @@ Sections besides the table (``--sections``):
 * ``midpoint``: ``implicit_midpoint`` (B = 256, every state kept), eager and ``compile=True``,
   against a per-trajectory numba fixed-point loop (same tolerance, convergence checked every
   iteration, warm start from the last stage derivative);
+* ``compute`` (only when asked for): B = 4096 and 65536, the numba loop and ``rollout(compile=True)``
+  each keeping every state and keeping only the final state, side by side: how much of the
+  compiled rollout's time is its arithmetic and how much the stores of every state;
 * ``small``: B = 1, ``compile=True`` µs per Verlet step and compile time, with inductor's
   Python wrapper and with its C++ wrapper (``cpp_wrapper``, the library's default on the CPU:
   ``torchgeo_int._compile.CPP_WRAPPER``), final state only and every state kept.
@@ -64,6 +67,8 @@ H = 0.01
 BATCHES = [1, 64, 4096, 65536]
 QUICK_BATCHES = [1, 256]
 SECTIONS = ["table", "training", "odeint", "midpoint", "small"]
+#: sections run only when asked for (--sections): not part of make bench's ten minutes
+EXTRA_SECTIONS = ["compute"]
 #: state·steps per run (≈ 0.1–1 s at the limit's speed); steps capped at MAX_STEPS.
 WORK, QUICK_WORK, MAX_STEPS, MIN_STEPS = 2 ** 23, 2 ** 14, 2000, 64
 
@@ -119,6 +124,32 @@ def numba_kernels():
                 ps[n + 1, i, 0], ps[n + 1, i, 1] = px - a * gx, py - a * gy
 
     @numba.njit(cache=False)
+    def kdk_final(q0, p0, h, steps, q, p):
+        """The same loop keeping only the current state (q, p updated in place): its arithmetic
+        without the stores of every state."""
+        B = q0.shape[0]
+        g = np.empty((B, 2))
+        for i in range(B):
+            x, y = q0[i, 0], q0[i, 1]
+            r = math.sqrt(x * x + y * y)
+            c = 1.0 / (r * r * r)
+            g[i, 0], g[i, 1] = x * c, y * c
+            q[i, 0], q[i, 1], p[i, 0], p[i, 1] = x, y, p0[i, 0], p0[i, 1]
+        a = 0.5 * h
+        for n in range(steps):
+            for i in range(B):
+                px = p[i, 0] - a * g[i, 0]
+                py = p[i, 1] - a * g[i, 1]
+                x = q[i, 0] + h * px
+                y = q[i, 1] + h * py
+                r = math.sqrt(x * x + y * y)
+                c = 1.0 / (r * r * r)
+                gx, gy = x * c, y * c
+                g[i, 0], g[i, 1] = gx, gy
+                q[i, 0], q[i, 1] = x, y
+                p[i, 0], p[i, 1] = px - a * gx, py - a * gy
+
+    @numba.njit(cache=False)
     def store(q0, p0, steps, qs, ps):
         """The same stores and loads, no arithmetic: the memory traffic of keeping every state."""
         qs[0], ps[0] = q0, p0
@@ -160,10 +191,11 @@ def numba_kernels():
                 qs[n + 1, i, 0], qs[n + 1, i, 1], ps[n + 1, i, 0], ps[n + 1, i, 1] = x, y, u, v
         return total
 
-    _NUMBA.update(kdk=kdk, store=store, midpoint=midpoint)
+    _NUMBA.update(kdk=kdk, kdk_final=kdk_final, store=store, midpoint=midpoint)
     z = np.zeros((1, 2))
     q, p = np.array([[0.4, 0.0]]), np.array([[0.0, 2.0]])
     kdk(q, p, H, 1, np.zeros((2, 1, 2)), np.zeros((2, 1, 2)))      # compile outside the timings
+    kdk_final(q, p, H, 1, np.zeros((1, 2)), np.zeros((1, 2)))
     store(z, z, 1, np.zeros((2, 1, 2)), np.zeros((2, 1, 2)))
     midpoint(q, p, H, 1, 1e-13, 100, np.zeros((2, 1, 2)), np.zeros((2, 1, 2)))
     return _NUMBA
@@ -177,6 +209,12 @@ def numba_verlet(q0, p0, steps):
     qs, ps = _np_out(q0, steps)
     numba_kernels()["kdk"](q0.numpy(), p0.numpy(), H, steps, qs, ps)
     return torch.from_numpy(qs), torch.from_numpy(ps)
+
+
+def numba_verlet_final(q0, p0, steps):
+    q, p = np.empty(q0.shape), np.empty(p0.shape)
+    numba_kernels()["kdk_final"](q0.numpy(), p0.numpy(), H, steps, q, p)
+    return torch.from_numpy(q)[None], torch.from_numpy(p)[None]
 
 
 def numba_store(q0, p0, steps):
@@ -518,6 +556,30 @@ def midpoint(args):
     return batch, steps, res
 
 
+def compute(args):
+    """Where the time of a compiled every-state rollout goes, B = 4096 and 65536: the numba loop
+    and ``rollout(compile=True)`` each keeping every state and keeping only the final state (the
+    arithmetic alone), side by side in the same rounds; ratios to the every-state numba loop."""
+    rows = []
+    for batch in ([256] if args.quick else [4096, 65536]):
+        system, q0, p0 = kepler_batch(batch)
+        steps = args.steps or steps_for(batch, args.quick)
+        steps -= steps % 16      # whole compiled blocks in both rollouts
+
+        def ours(save_every):
+            return lambda q0, p0, n: tgi.rollout(system, q0, p0, h=H, steps=n, method="verlet",
+                                                 compile=True, save_every=save_every or n)
+        confs = {"numba loop, every state": (numba_verlet, True),
+                 "numba loop, final state only": (numba_verlet_final, True),
+                 "rollout compile=True, every state": (ours(1), True),
+                 "rollout compile=True, final state only": (ours(None), True)}
+        res = side_by_side(confs, q0, p0, steps, args.repeats, every=False)
+        den = res["numba loop, every state"]["seconds"]
+        rows += [dict(config=name, batch=batch, steps=steps, ns=1e9 * r["seconds"] / (steps * batch),
+                      ratio=r["seconds"] / den, max_diff=r["max_diff"]) for name, r in res.items()]
+    return rows
+
+
 def small(args):
     """B = 1, compile=True: µs per Verlet step and compile seconds, inductor's Python wrapper vs
     its C++ wrapper (a fresh system each, so each compiles its own graphs; inductor's caches
@@ -533,12 +595,31 @@ def small(args):
         try:
             with torch._inductor.config.patch(fx_graph_cache=False):
                 _small_rows(args, steps, rows)
+                floor = _call_floor(args)
         finally:
             if old_dir is None:
                 os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
             else:
                 os.environ["TORCHINDUCTOR_CACHE_DIR"] = old_dir
-    return steps, rows
+    return steps, rows, floor
+
+
+def _call_floor(args, calls=2000):
+    """µs per call of a compiled function that adds 1 to a (1, 2) state, compiled as compile=True
+    compiles its graphs (fullgraph, ``_compile._inductor_options``, so with the C++ wrapper where
+    the library uses it): the per-call cost of torch.compile itself, which a block of K steps
+    spreads over K (the best of 2 or 7 runs of ``calls`` calls)."""
+    x = torch.zeros(1, 2, dtype=torch.float64)
+    fn = torch.compile(lambda y: y + 1.0, fullgraph=True,
+                       options=_compile._inductor_options("cpu", x.numel()))
+    with torch.no_grad(), warnings_off():
+        fn(x)
+
+        def many():
+            for _ in range(calls):
+                fn(x)
+        _, s = common.min_time(many, 2 if args.quick else 7)
+    return 1e6 * s / calls
 
 
 @contextlib.contextmanager
@@ -584,7 +665,7 @@ def main(argv=None):
     ap.add_argument("--configs", nargs="+", default=None, help="a subset of the table's rows")
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default: by batch)")
     ap.add_argument("--repeats", type=int, default=None)
-    ap.add_argument("--sections", nargs="+", choices=SECTIONS, default=SECTIONS)
+    ap.add_argument("--sections", nargs="+", choices=SECTIONS + EXTRA_SECTIONS, default=SECTIONS)
     args = ap.parse_args(argv)
     out = common.setup(args)
     args.repeats = args.repeats or (2 if args.quick else 3)
@@ -639,13 +720,30 @@ def main(argv=None):
                                      ("ratio", f"× {den}"), ("max_diff", "max |Δ| final")])
         sections.append(("Implicit midpoint", numba_note * (den != "numba per-trajectory fixed point") + md))
         print(md)
+    if "compute" in args.sections:
+        if not has("numba"):
+            print(f"compute: skipped ({NO_NUMBA})")
+        else:
+            rows = compute(args)
+            data["compute"] = rows
+            md = ("Kepler, float64, one thread, the same rounds; ratios to the numba loop that keeps "
+                  "every state.\n\n" + common.markdown_table(rows, [
+                      ("batch", "batch"), ("config", "configuration"), ("steps", "steps"),
+                      ("ns", "ns / step·traj"), ("ratio", "× numba, every state"),
+                      ("max_diff", "max |Δ| final")]))
+            sections.append(("Compiled every-state rollout: arithmetic and stores", md))
+            print(md)
     if "small" in args.sections:
-        steps, rows = small(args)
-        data["small"] = dict(steps=steps, rows=rows)
+        steps, rows, floor = small(args)
+        K = _compile.default_block(tgi.METHODS["verlet"], kepler_batch(1)[0])
+        data["small"] = dict(steps=steps, rows=rows, call_floor_us=floor, block=K)
         md = (f"Kepler, B = 1, {steps} Verlet steps, `rollout(compile=True)`, no_grad; "
               "first call = compile + one run.\n\n" + common.markdown_table(rows, [
                   ("cpp_wrapper", "inductor cpp_wrapper"), ("states", "states kept"),
                   ("us_per_step", "µs / step"), ("first_call_s", "first call s"), ("error", "error")]))
+        md += (f"\n\ntorch.compile's own cost per call (a compiled `y + 1` on a (1, 2) tensor, the "
+               f"library's inductor options): {floor:.1f} µs, spread over a block of K = {K} "
+               f"steps: {floor / K:.2f} µs a step before any arithmetic.")
         sections.append(("Small batch, compiled", md))
         print(md)
     setup = (f"Kepler e = 0.6 (±2 %), h = {H}, float64, CPU, {torch.get_num_threads()} thread; "

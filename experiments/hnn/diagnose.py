@@ -60,7 +60,10 @@ from .train import SHOOTING, arms as make_arms, build_model, evaluate, shooting_
 def clean_training_states(task_name: str, seed: int, task) -> torch.Tensor:
     """The clean training trajectories (B, T, 2n) of the task drawn with data seed ``seed``:
     spring / pendulum replay the random draws of ``data._one_dof_task`` (direction, radius,
-    noise of q, of p); noisy two-body redraws the same orbits without noise."""
+    noise of q, of p); noisy two-body redraws the same orbits without noise; noise-free two-body's
+    observations are the clean states."""
+    if task_name == "twobody":
+        return torch.cat([task.q_train, task.p_train], -1)
     if task_name == "twobody_noisy":
         c = datasets.twobody(seed, trajectories=task.meta["trajectories"])
         clean = torch.cat([c.q_train, c.p_train], -1)
@@ -198,7 +201,7 @@ def copy_double(model):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--task", default="pendulum", choices=["pendulum", "spring", "twobody_noisy"])
+    ap.add_argument("--task", default="pendulum", choices=["pendulum", "spring", "twobody", "twobody_noisy"])
     ap.add_argument("--arms", default="e,e4",
                     help="comma-separated: e, e4 (logged along training) or any other arm of the "
                          "study (a, b5, …: trained by train.train, one row at the end)")
@@ -231,8 +234,8 @@ def main(argv=None):
         print("warning: seeds 0-4 are the study's reported seeds; develop on another (100)")
     torch.set_num_threads(args.threads)
     cfg = CONFIG[args.task]
-    if args.task == "twobody_noisy":
-        task = datasets.twobody_noisy(args.data_seed, trajectories=args.trajectories)
+    if args.task.startswith("twobody"):
+        task = datasets.TASKS[args.task](args.data_seed, trajectories=args.trajectories)
     else:
         task = datasets.TASKS[args.task](args.data_seed)
     clean = clean_training_states(args.task, args.data_seed, task)
