@@ -127,16 +127,24 @@ def _viewing_system():
 
 
 def test_macro_blocks_run_batch_innermost_and_return_row_major(monkeypatch):
-    """A macro block gets the state batch-innermost (inductor vectorises over the trajectories)
-    and the rollout still returns contiguous states equal to the eager ones."""
+    """A macro block gets the state batch-innermost (inductor vectorises over the trajectories),
+    the blocks of one stretch hand it on in that layout (one conversion in and one out per
+    stretch, not per block) and the rollout still returns contiguous states equal to the eager
+    ones."""
     seen = _stride_spy(monkeypatch)
+    copies, real_inner = [], _compile.batch_inner
+    monkeypatch.setattr(_compile, "batch_inner",
+                        lambda x: copies.append(x.is_contiguous()) or real_inner(x))
     system = kepler(separable=True, analytic=True)
     q0, p0 = _batch(n=5)
     with torch.no_grad():
         qc, pc = compiled_rollout(tgi.METHODS["yoshida4"], system, q0, p0, h=0.01, steps=48,
                                   save_every=12, block=4)
         qe, pe = tgi.rollout(system, q0, p0, h=0.01, steps=48, method="yoshida4", save_every=12)
-    assert seen and all(s == (1, 5) for s in seen)
+    assert len(seen) == 12 and all(s == (1, 5) for s in seen)
+    # 4 stretches of 12 steps (saves) of 3 blocks each: q, p and force converted at the first
+    # block of each stretch only
+    assert len(copies) == 3 * 12 and sum(copies) == 3 * 4
     assert qc.is_contiguous() and pc.is_contiguous()
     assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
 

@@ -406,18 +406,18 @@ class _Kernels:
 
     def run_block(self, n, keep_all, q, p, force, t, h):
         """The compiled n-step block on (q, p, force).  A block of n > 1 steps runs in the
-        batch-innermost layout when the state suits it: a block that returns only its final
-        state returns it row-major again; one that returns every state (``keep_all``) writes
-        each row-major inside the block (inductor transposes in registers; an eager copy between
-        the layouts costs ≈ 5 ns an element, more than the step) and hands its last state and
-        force on in the block's layout, so that a run of blocks converts once.  (A single step
-        would pay the copies for one state: it keeps the row-major layout.)"""
+        batch-innermost layout when the state suits it and hands its final state and force on
+        in that layout, so that a run of blocks converts once (its caller makes them row-major
+        again: an eager copy between the layouts costs ≈ 5 ns an element, at B = 4096 more than
+        the block's 16 steps when paid at every block); one that returns every state
+        (``keep_all``) writes each row-major inside the block (inductor transposes in
+        registers).  (A single step would pay the copies for one state: it keeps the row-major
+        layout.)"""
         fn = self.block(n, keep_all)
         qi = batch_inner(q) if self.inner and n > 1 else q
         if qi is not q:
             try:
-                out = _budgeted(self.ready, fn, qi, batch_inner(p), batch_inner(force), t, h)
-                return out if keep_all else _row_major(out)
+                return _budgeted(self.ready, fn, qi, batch_inner(p), batch_inner(force), t, h)
             except (ConvergenceError, FloatingPointError, CompileTimeout):
                 raise
             except Exception:  # noqa: BLE001 — e.g. a system that calls .view() on q: row-major
@@ -790,6 +790,8 @@ class CompiledStep(Stepper):
             eager = lambda: self.eager.steps(q, p, t, h, m, force)  # noqa: E731
             q, p, force = self._guarded(
                 lambda: k.run_block(m, False, q, p, first, self._time(t, q), h), eager)
+        # the blocks' layout (batch-innermost) row-major again, once for the whole stretch
+        q, p, force = _row_major((q, p, force))
         if full < n:     # the rest eagerly: no second graph to compile
             q, p, force = self.eager.steps(q, p, t0, h, n - full, force, start=start + full)
         return q, p, force
