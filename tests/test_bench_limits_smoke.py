@@ -79,7 +79,29 @@ def test_limits_compute_section_compares_every_state_with_final_state(tmp_path, 
     assert rows["numba loop, every state"]["ratio"] == 1.0
     assert all(r["batch"] == 256 and r["steps"] == 32 and r["ns"] > 0 for r in rows.values())
     assert all(r["max_diff"] < 1e-12 for r in rows.values())
-    assert "arithmetic and stores" in (tmp_path / "limits.md").read_text()
+    floor = data["call_floor"]
+    assert floor["error"] is None and floor["us"] > 0 and floor["block"] == 16
+    md = (tmp_path / "limits.md").read_text()
+    assert "arithmetic and stores" in md and "torch.compile's own cost per call" in md
+
+
+def test_limits_loops_are_the_hand_loop_in_scalars():
+    """The loops numba jits, run as plain Python: kdk keeps every state of the torch hand loop
+    (to round-off), kdk_final its last one, store copies the initial state along."""
+    import numpy as np
+
+    q0 = torch.tensor([[0.4, 0.0], [1.0, 0.1], [0.7, -0.2]], dtype=torch.float64)
+    p0 = torch.tensor([[0.0, 2.0], [-0.1, 1.0], [0.3, 1.2]], dtype=torch.float64)
+    n = 5
+    qh, ph = limits.hand_torch(q0, p0, n)
+    qs, ps = np.empty((n + 1, 3, 2)), np.empty((n + 1, 3, 2))
+    limits._kdk(q0.numpy(), p0.numpy(), limits.H, n, qs, ps)
+    assert np.abs(qs - qh.numpy()).max() < 1e-13 and np.abs(ps - ph.numpy()).max() < 1e-13
+    q, p = np.empty((3, 2)), np.empty((3, 2))
+    limits._kdk_final(q0.numpy(), p0.numpy(), limits.H, n, q, p)
+    assert (q == qs[-1]).all() and (p == ps[-1]).all()
+    limits._store(q0.numpy(), p0.numpy(), n, qs, ps)
+    assert (qs == q0.numpy()).all() and (ps == p0.numpy()).all()
 
 
 def test_limits_pivot_puts_the_limit_in_ns_and_the_rest_as_ratios():
@@ -105,11 +127,16 @@ def test_steps_are_capped_and_at_least_the_minimum():
 
 
 def test_limits_call_floor_is_one_compiled_call(monkeypatch):
-    """The small section's floor: µs per call of a compiled one-op function, compiled with the
+    """The compute section's floor: µs per call of a compiled one-op function, compiled with the
     library's inductor options (so with the C++ wrapper where compile=True uses it)."""
     seen = []
     real = limits._compile._inductor_options
     monkeypatch.setattr(limits._compile, "_inductor_options",
                         lambda dev="cpu", numel=0: seen.append((dev, numel)) or real(dev, numel))
-    us = limits._call_floor(type("Args", (), {"quick": True})(), calls=20)
-    assert seen == [("cpu", 2)] and 0 < us < 1e5
+    us, err = limits._call_floor(type("Args", (), {"quick": True})(), calls=20)
+    assert seen == [("cpu", 2)] and err is None and 0 < us < 1e5
+    # a compile that fails is reported, not raised (the section still writes its table)
+    monkeypatch.setattr(limits._compile, "_inductor_options",
+                        lambda dev="cpu", numel=0: {"no_such_inductor_option": True})
+    us, err = limits._call_floor(type("Args", (), {"quick": True})(), calls=20)
+    assert us != us and err

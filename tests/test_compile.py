@@ -499,6 +499,42 @@ def test_every_state_blocks_leave_row_major_and_fall_back_mid_run(monkeypatch):
     assert (qc - qa).abs().max() < 1e-12 and (pc - pa).abs().max() < 1e-12
 
 
+def test_final_state_blocks_fall_back_mid_stretch(monkeypatch):
+    """``steps(n)`` hands the state on batch-innermost between its blocks.  A block that fails
+    after one ran: the row-major retry gets contiguous q, p and force; a block that cannot be
+    compiled at all falls back to eager steps from the batch-innermost state.  Either way the
+    final state equals eager's and what ``steps`` returns (state and FSAL force) is row-major."""
+    monkeypatch.setattr(_compile, "LAYOUT_MIN_BATCH", 2)
+    m = tgi.METHODS["verlet"]
+    q0, p0 = _batch(n=5)
+    traced = _compile._traced
+    for always in (False, True):
+        seen = []
+
+        def flaky(call, q, *args, seen=seen, always=always):
+            seen.append(q.is_contiguous())
+            if len(seen) == 2 or (always and len(seen) > 2):
+                raise RuntimeError("a recompile that fails on this layout")
+            return traced(call, q, *args)
+
+        monkeypatch.setattr(_compile, "_traced", flaky)
+        system = kepler(separable=True, analytic=True)      # a new system: its own kernels
+        qe, pe = _loop(m.step, system, q0, p0, 16)
+        stepper = compiled_step(m, system, steps=16, save_every=16, block=4)
+        with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            q, p, force = stepper.steps(q0, p0, 0.0, 0.01, 16)
+        kernels = _compile._kernels(m, system)
+        assert seen[:2] == [False, False] and kernels.inner is False
+        if always:       # the row-major retry failed too: eager from then on, with a warning
+            assert seen[2:] == [True] and kernels.failed
+            assert any("could not compile" in str(w.message) for w in caught)
+        else:
+            assert all(seen[2:]) and len(seen) == 5 and not kernels.failed
+        assert (q - qe[-1]).abs().max() < 1e-12 and (p - pe[-1]).abs().max() < 1e-12
+        assert q.is_contiguous() and p.is_contiguous() and force.is_contiguous()
+
+
 def test_inductor_options_by_device(monkeypatch):
     """The C++ wrapper on small CPU graphs only (CPP_WRAPPER, CPP_WRAPPER_MAX_NUMEL), and a
     compiled function keeps one torch.compile per device type."""

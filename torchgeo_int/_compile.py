@@ -41,19 +41,21 @@ core: as much as a whole eager Verlet step on a small batch).  Here (:class:`Com
   grad (:func:`needs_graph`, decided from one eager step) the planned steps run as under
   ``torch.no_grad()``.
 * **Batch-innermost layout in blocks.**  A state (B, n) with a few coordinates and many
-  trajectories goes into a block with the batch as its stride-1 axis (:func:`batch_inner`) and
-  comes out contiguous again.  Inductor vectorises along the stride-1 axis: on the row-major
-  layout that is the n coordinates (a reduction like |q| over n = 2 runs 16-lane vectors masked
-  to 2 lanes, a scalar loop over the batch); on the batch-innermost one it is the batch.  The
-  copies in and out of a K'-step block (final state only) are cheaper than what they save from
-  B ≈ 256 on (Kepler, 4096 trajectories: ≈ 1.6× faster).  A block that returns every state
-  writes each one row-major from inside the kernel (inductor transposes in registers) and hands
-  its last state on batch-innermost, so a stretch of blocks converts once (Kepler, one idle
-  core, every state kept: B = 4096 took 0.83–0.85 of the stacked row-major blocks' time,
-  measured together with the C++ wrapper, ``CPP_WRAPPER``; ``compare_trees.py --rows
-  every_state``).  Eager kernels are slower on the batch-innermost layout, so states and forces
-  leave the blocks row-major.  A system that cannot take it
-  (``q.view(...)`` needs a contiguous q) is compiled again on the row-major layout.
+  trajectories goes into a block with the batch as its stride-1 axis (:func:`batch_inner`).
+  Inductor vectorises along the stride-1 axis: on the row-major layout that is the n
+  coordinates (a reduction like |q| over n = 2 runs 16-lane vectors masked to 2 lanes, a scalar
+  loop over the batch); on the batch-innermost one it is the batch (Kepler, 4096 trajectories,
+  final state: ≈ 1.6× faster from B ≈ 256 on, copies included).  Blocks hand their last state
+  and force on in that layout, so a stretch of blocks converts once: ``steps(n)`` converts on
+  the way in and makes (q, p, force) row-major again after its last block (per block, those six
+  eager copies took a third of a final-state rollout's time at B = 4096: 19.6 → 12.6 ns per
+  step·trajectory, ``experiments.bench.limits --sections compute``); a block that returns every
+  state writes each one row-major from inside the kernel (inductor transposes in registers;
+  Kepler, one idle core, every state kept: B = 4096 took 0.83–0.85 of the stacked row-major
+  blocks' time, measured together with the C++ wrapper, ``CPP_WRAPPER``; ``compare_trees.py
+  --rows every_state``).  Eager kernels are slower on the batch-innermost layout, so what
+  leaves ``steps`` and ``saves`` is row-major.  A system that cannot take it (``q.view(...)``
+  needs a contiguous q) is compiled again on the row-major layout.
 * **Implicit methods solved by fixed-point iteration**: the iterations between two convergence
   checks are one compiled call (``SolveOptions.fuse``); the checked steps measure the
   iterations m a solve needs.  Without a graph, in rollouts of at least ``FIXED_MIN_STEPS``
@@ -408,9 +410,9 @@ class _Kernels:
         """The compiled n-step block on (q, p, force).  A block of n > 1 steps runs in the
         batch-innermost layout when the state suits it and hands its final state and force on
         in that layout, so that a run of blocks converts once (its caller makes them row-major
-        again: an eager copy between the layouts costs ≈ 5 ns an element, at B = 4096 more than
-        the block's 16 steps when paid at every block); one that returns every state
-        (``keep_all``) writes each row-major inside the block (inductor transposes in
+        again: an eager copy between the layouts costs ≈ 5–9 ns an element, a third of a
+        final-state rollout's time at B = 4096 when paid at every block); one that returns every
+        state (``keep_all``) writes each row-major inside the block (inductor transposes in
         registers).  (A single step would pay the copies for one state: it keeps the row-major
         layout.)"""
         fn = self.block(n, keep_all)

@@ -40,7 +40,8 @@ Sections besides the table (``--sections``):
   iteration, warm start from the last stage derivative);
 * ``compute`` (only when asked for): B = 4096 and 65536, the numba loop and ``rollout(compile=True)``
   each keeping every state and keeping only the final state, side by side: how much of the
-  compiled rollout's time is its arithmetic and how much the stores of every state;
+  compiled rollout's time is its arithmetic and how much the stores of every state; and one
+  call of a compiled one-op function on a (1, 2) state: torch.compile's own cost per call;
 * ``small``: B = 1, ``compile=True`` µs per Verlet step and compile time, with inductor's
   Python wrapper and with its C++ wrapper (``cpp_wrapper``, the library's default on the CPU:
   ``torchgeo_int._compile.CPP_WRAPPER``), final state only and every state kept.
@@ -92,105 +93,106 @@ NO_NUMBA = ("numba is not installed (pip install 'torchgeo_int[bench]'): the num
 _NUMBA: dict = {}
 
 
+# The loops, plain Python over numpy arrays: jitted by numba_kernels (and testable without it)
+
+
+def _kdk(q0, p0, h, steps, qs, ps):
+    """Verlet, FSAL: one force a step; state n of trajectory i in qs[n, i], ps[n, i]."""
+    B = q0.shape[0]
+    g = np.empty((B, 2))
+    for i in range(B):
+        x, y = q0[i, 0], q0[i, 1]
+        r = math.sqrt(x * x + y * y)
+        c = 1.0 / (r * r * r)
+        g[i, 0], g[i, 1] = x * c, y * c
+        qs[0, i, 0], qs[0, i, 1], ps[0, i, 0], ps[0, i, 1] = x, y, p0[i, 0], p0[i, 1]
+    a = 0.5 * h
+    for n in range(steps):
+        for i in range(B):
+            px = ps[n, i, 0] - a * g[i, 0]
+            py = ps[n, i, 1] - a * g[i, 1]
+            x = qs[n, i, 0] + h * px
+            y = qs[n, i, 1] + h * py
+            r = math.sqrt(x * x + y * y)
+            c = 1.0 / (r * r * r)
+            gx, gy = x * c, y * c
+            g[i, 0], g[i, 1] = gx, gy
+            qs[n + 1, i, 0], qs[n + 1, i, 1] = x, y
+            ps[n + 1, i, 0], ps[n + 1, i, 1] = px - a * gx, py - a * gy
+
+def _kdk_final(q0, p0, h, steps, q, p):
+    """The same loop keeping only the current state (q, p updated in place): its arithmetic
+    without the stores of every state."""
+    B = q0.shape[0]
+    g = np.empty((B, 2))
+    for i in range(B):
+        x, y = q0[i, 0], q0[i, 1]
+        r = math.sqrt(x * x + y * y)
+        c = 1.0 / (r * r * r)
+        g[i, 0], g[i, 1] = x * c, y * c
+        q[i, 0], q[i, 1], p[i, 0], p[i, 1] = x, y, p0[i, 0], p0[i, 1]
+    a = 0.5 * h
+    for n in range(steps):
+        for i in range(B):
+            px = p[i, 0] - a * g[i, 0]
+            py = p[i, 1] - a * g[i, 1]
+            x = q[i, 0] + h * px
+            y = q[i, 1] + h * py
+            r = math.sqrt(x * x + y * y)
+            c = 1.0 / (r * r * r)
+            gx, gy = x * c, y * c
+            g[i, 0], g[i, 1] = gx, gy
+            q[i, 0], q[i, 1] = x, y
+            p[i, 0], p[i, 1] = px - a * gx, py - a * gy
+
+def _store(q0, p0, steps, qs, ps):
+    """The same stores and loads, no arithmetic: the memory traffic of keeping every state."""
+    qs[0], ps[0] = q0, p0
+    for n in range(steps):
+        for i in range(q0.shape[0]):
+            qs[n + 1, i, 0], qs[n + 1, i, 1] = qs[n, i, 0], qs[n, i, 1]
+            ps[n + 1, i, 0], ps[n + 1, i, 1] = ps[n, i, 0], ps[n, i, 1]
+
+def _midpoint(q0, p0, h, steps, tol, max_iter, qs, ps):
+    """Implicit midpoint per trajectory: k = X_H(z + h/2 k) by fixed point (warm start from
+    the last k; stop when max(|Δk_q|∞/(1+|k_q|∞), |Δk_p|∞/(1+|k_p|∞)) ≤ tol), z += h k.
+    Returns the total number of iterations (-1 if some step did not converge)."""
+    total = 0
+    for i in range(q0.shape[0]):
+        x, y, u, v = q0[i, 0], q0[i, 1], p0[i, 0], p0[i, 1]
+        qs[0, i, 0], qs[0, i, 1], ps[0, i, 0], ps[0, i, 1] = x, y, u, v
+        r = math.sqrt(x * x + y * y)
+        c = 1.0 / (r * r * r)
+        kx, ky, ku, kv = u, v, -x * c, -y * c
+        for n in range(steps):
+            done = False
+            for _ in range(max_iter):
+                mx, my = x + 0.5 * h * kx, y + 0.5 * h * ky
+                nkx, nky = u + 0.5 * h * ku, v + 0.5 * h * kv
+                r = math.sqrt(mx * mx + my * my)
+                c = 1.0 / (r * r * r)
+                nku, nkv = -mx * c, -my * c
+                dq = max(abs(nkx - kx), abs(nky - ky)) / (1.0 + max(abs(kx), abs(ky)))
+                dp = max(abs(nku - ku), abs(nkv - kv)) / (1.0 + max(abs(ku), abs(kv)))
+                kx, ky, ku, kv = nkx, nky, nku, nkv
+                total += 1
+                if max(dq, dp) <= tol:
+                    done = True
+                    break
+            if not done:
+                return -1
+            x, y, u, v = x + h * kx, y + h * ky, u + h * ku, v + h * kv
+            qs[n + 1, i, 0], qs[n + 1, i, 1], ps[n + 1, i, 0], ps[n + 1, i, 1] = x, y, u, v
+    return total
+
+
 def numba_kernels():
     """The jitted loops (compiled once per process; numba must be installed)."""
     if _NUMBA:
         return _NUMBA
     import numba
-
-    @numba.njit(cache=False)
-    def kdk(q0, p0, h, steps, qs, ps):
-        """Verlet, FSAL: one force a step; state n of trajectory i in qs[n, i], ps[n, i]."""
-        B = q0.shape[0]
-        g = np.empty((B, 2))
-        for i in range(B):
-            x, y = q0[i, 0], q0[i, 1]
-            r = math.sqrt(x * x + y * y)
-            c = 1.0 / (r * r * r)
-            g[i, 0], g[i, 1] = x * c, y * c
-            qs[0, i, 0], qs[0, i, 1], ps[0, i, 0], ps[0, i, 1] = x, y, p0[i, 0], p0[i, 1]
-        a = 0.5 * h
-        for n in range(steps):
-            for i in range(B):
-                px = ps[n, i, 0] - a * g[i, 0]
-                py = ps[n, i, 1] - a * g[i, 1]
-                x = qs[n, i, 0] + h * px
-                y = qs[n, i, 1] + h * py
-                r = math.sqrt(x * x + y * y)
-                c = 1.0 / (r * r * r)
-                gx, gy = x * c, y * c
-                g[i, 0], g[i, 1] = gx, gy
-                qs[n + 1, i, 0], qs[n + 1, i, 1] = x, y
-                ps[n + 1, i, 0], ps[n + 1, i, 1] = px - a * gx, py - a * gy
-
-    @numba.njit(cache=False)
-    def kdk_final(q0, p0, h, steps, q, p):
-        """The same loop keeping only the current state (q, p updated in place): its arithmetic
-        without the stores of every state."""
-        B = q0.shape[0]
-        g = np.empty((B, 2))
-        for i in range(B):
-            x, y = q0[i, 0], q0[i, 1]
-            r = math.sqrt(x * x + y * y)
-            c = 1.0 / (r * r * r)
-            g[i, 0], g[i, 1] = x * c, y * c
-            q[i, 0], q[i, 1], p[i, 0], p[i, 1] = x, y, p0[i, 0], p0[i, 1]
-        a = 0.5 * h
-        for n in range(steps):
-            for i in range(B):
-                px = p[i, 0] - a * g[i, 0]
-                py = p[i, 1] - a * g[i, 1]
-                x = q[i, 0] + h * px
-                y = q[i, 1] + h * py
-                r = math.sqrt(x * x + y * y)
-                c = 1.0 / (r * r * r)
-                gx, gy = x * c, y * c
-                g[i, 0], g[i, 1] = gx, gy
-                q[i, 0], q[i, 1] = x, y
-                p[i, 0], p[i, 1] = px - a * gx, py - a * gy
-
-    @numba.njit(cache=False)
-    def store(q0, p0, steps, qs, ps):
-        """The same stores and loads, no arithmetic: the memory traffic of keeping every state."""
-        qs[0], ps[0] = q0, p0
-        for n in range(steps):
-            for i in range(q0.shape[0]):
-                qs[n + 1, i, 0], qs[n + 1, i, 1] = qs[n, i, 0], qs[n, i, 1]
-                ps[n + 1, i, 0], ps[n + 1, i, 1] = ps[n, i, 0], ps[n, i, 1]
-
-    @numba.njit(cache=False)
-    def midpoint(q0, p0, h, steps, tol, max_iter, qs, ps):
-        """Implicit midpoint per trajectory: k = X_H(z + h/2 k) by fixed point (warm start from
-        the last k; stop when max(|Δk_q|∞/(1+|k_q|∞), |Δk_p|∞/(1+|k_p|∞)) ≤ tol), z += h k.
-        Returns the total number of iterations (-1 if some step did not converge)."""
-        total = 0
-        for i in range(q0.shape[0]):
-            x, y, u, v = q0[i, 0], q0[i, 1], p0[i, 0], p0[i, 1]
-            qs[0, i, 0], qs[0, i, 1], ps[0, i, 0], ps[0, i, 1] = x, y, u, v
-            r = math.sqrt(x * x + y * y)
-            c = 1.0 / (r * r * r)
-            kx, ky, ku, kv = u, v, -x * c, -y * c
-            for n in range(steps):
-                done = False
-                for _ in range(max_iter):
-                    mx, my = x + 0.5 * h * kx, y + 0.5 * h * ky
-                    nkx, nky = u + 0.5 * h * ku, v + 0.5 * h * kv
-                    r = math.sqrt(mx * mx + my * my)
-                    c = 1.0 / (r * r * r)
-                    nku, nkv = -mx * c, -my * c
-                    dq = max(abs(nkx - kx), abs(nky - ky)) / (1.0 + max(abs(kx), abs(ky)))
-                    dp = max(abs(nku - ku), abs(nkv - kv)) / (1.0 + max(abs(ku), abs(kv)))
-                    kx, ky, ku, kv = nkx, nky, nku, nkv
-                    total += 1
-                    if max(dq, dp) <= tol:
-                        done = True
-                        break
-                if not done:
-                    return -1
-                x, y, u, v = x + h * kx, y + h * ky, u + h * ku, v + h * kv
-                qs[n + 1, i, 0], qs[n + 1, i, 1], ps[n + 1, i, 0], ps[n + 1, i, 1] = x, y, u, v
-        return total
-
+    jit = numba.njit(cache=False)
+    kdk, kdk_final, store, midpoint = jit(_kdk), jit(_kdk_final), jit(_store), jit(_midpoint)
     _NUMBA.update(kdk=kdk, kdk_final=kdk_final, store=store, midpoint=midpoint)
     z = np.zeros((1, 2))
     q, p = np.array([[0.4, 0.0]]), np.array([[0.0, 2.0]])
@@ -563,8 +565,9 @@ def compute(args):
     rows = []
     for batch in ([256] if args.quick else [4096, 65536]):
         system, q0, p0 = kepler_batch(batch)
+        K = _compile.default_block(tgi.METHODS["verlet"], system)
         steps = args.steps or steps_for(batch, args.quick)
-        steps -= steps % 16      # whole compiled blocks in both rollouts
+        steps = max(K, steps - steps % K)      # whole compiled blocks in both rollouts
 
         def ours(save_every):
             return lambda q0, p0, n: tgi.rollout(system, q0, p0, h=H, steps=n, method="verlet",
@@ -595,31 +598,34 @@ def small(args):
         try:
             with torch._inductor.config.patch(fx_graph_cache=False):
                 _small_rows(args, steps, rows)
-                floor = _call_floor(args)
         finally:
             if old_dir is None:
                 os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
             else:
                 os.environ["TORCHINDUCTOR_CACHE_DIR"] = old_dir
-    return steps, rows, floor
+    return steps, rows
 
 
-def _call_floor(args, calls=2000):
-    """µs per call of a compiled function that adds 1 to a (1, 2) state, compiled as compile=True
-    compiles its graphs (fullgraph, ``_compile._inductor_options``, so with the C++ wrapper where
-    the library uses it): the per-call cost of torch.compile itself, which a block of K steps
-    spreads over K (the best of 2 or 7 runs of ``calls`` calls)."""
+def _call_floor(args, calls=1000):
+    """(µs, error): µs per call of a compiled function that adds 1 to a (1, 2) state, compiled
+    as compile=True compiles its graphs (fullgraph, ``_compile._inductor_options``, so with the
+    C++ wrapper where the library uses it): the per-call cost of torch.compile itself, which a
+    block of K steps spreads over K (the best of 2 or 5 runs of ``calls`` calls).  A compile
+    that fails (e.g. no C++ compiler for the wrapper) gives (nan, the reason)."""
     x = torch.zeros(1, 2, dtype=torch.float64)
-    fn = torch.compile(lambda y: y + 1.0, fullgraph=True,
-                       options=_compile._inductor_options("cpu", x.numel()))
-    with torch.no_grad(), warnings_off():
-        fn(x)
+    try:
+        fn = torch.compile(lambda y: y + 1.0, fullgraph=True,
+                           options=_compile._inductor_options("cpu", x.numel()))
+        with torch.no_grad(), warnings_off():
+            fn(x)
 
-        def many():
-            for _ in range(calls):
-                fn(x)
-        _, s = common.min_time(many, 2 if args.quick else 7)
-    return 1e6 * s / calls
+            def many():
+                for _ in range(calls):
+                    fn(x)
+            _, s = common.min_time(many, 2 if args.quick else 5)
+    except Exception as e:  # noqa: BLE001 — reported in the table, as _small_rows does
+        return math.nan, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return 1e6 * s / calls, None
 
 
 @contextlib.contextmanager
@@ -725,25 +731,28 @@ def main(argv=None):
             print(f"compute: skipped ({NO_NUMBA})")
         else:
             rows = compute(args)
+            floor, err = _call_floor(args)
+            K = _compile.default_block(tgi.METHODS["verlet"], kepler_batch(1)[0])
             data["compute"] = rows
+            data["call_floor"] = dict(us=floor, block=K, error=err)
             md = ("Kepler, float64, one thread, the same rounds; ratios to the numba loop that keeps "
                   "every state.\n\n" + common.markdown_table(rows, [
                       ("batch", "batch"), ("config", "configuration"), ("steps", "steps"),
                       ("ns", "ns / step·traj"), ("ratio", "× numba, every state"),
                       ("max_diff", "max |Δ| final")]))
+            md += ("\n\ntorch.compile's own cost per call (a compiled `y + 1` on a (1, 2) tensor, "
+                   f"the library's inductor options): {floor:.1f} µs, spread over a block of "
+                   f"K = {K} steps: {floor / K:.2f} µs a step before any arithmetic"
+                   + (f" ({err})." if err else "."))
             sections.append(("Compiled every-state rollout: arithmetic and stores", md))
             print(md)
     if "small" in args.sections:
-        steps, rows, floor = small(args)
-        K = _compile.default_block(tgi.METHODS["verlet"], kepler_batch(1)[0])
-        data["small"] = dict(steps=steps, rows=rows, call_floor_us=floor, block=K)
+        steps, rows = small(args)
+        data["small"] = dict(steps=steps, rows=rows)
         md = (f"Kepler, B = 1, {steps} Verlet steps, `rollout(compile=True)`, no_grad; "
               "first call = compile + one run.\n\n" + common.markdown_table(rows, [
                   ("cpp_wrapper", "inductor cpp_wrapper"), ("states", "states kept"),
                   ("us_per_step", "µs / step"), ("first_call_s", "first call s"), ("error", "error")]))
-        md += (f"\n\ntorch.compile's own cost per call (a compiled `y + 1` on a (1, 2) tensor, the "
-               f"library's inductor options): {floor:.1f} µs, spread over a block of K = {K} "
-               f"steps: {floor / K:.2f} µs a step before any arithmetic.")
         sections.append(("Small batch, compiled", md))
         print(md)
     setup = (f"Kepler e = 0.6 (±2 %), h = {H}, float64, CPU, {torch.get_num_threads()} thread; "

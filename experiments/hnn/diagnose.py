@@ -1,4 +1,5 @@
-r"""Diagnose the shooting arms (e) / (e′) of the HNN study on a one-degree-of-freedom task.
+r"""Diagnose the shooting arms (e) / (e′) of the HNN study on a task (spring, pendulum, two-body,
+noisy two-body).
 
     python -m experiments.hnn.diagnose --task pendulum --arms e,e4 --steps 2000 --every 200 \
         --seed 100 [--state-lr 1e-2] [--continuity 1] [--segment 4] [--substeps 1] [--gauss-newton 1] \
@@ -14,7 +15,8 @@ same full-batch order as ``fit``), and every ``--every`` steps logs
 * ``defect``    the RMS continuity defect |Φ(z_s) − z_{s+1}| over the inner nodes,
 * ``node_err``  the RMS distance of the learned node states to the *clean* states at the nodes
                 (the noise of the observations is σ = 0.1 per coordinate, so the observed
-                states start at RMS distance ≈ 0.1·√2),
+                states start at RMS distance ≈ 0.1·√2 on spring and pendulum, 0.1·√8 on noisy
+                two-body, 0 on noise-free two-body, whose observations are the clean states),
 * ``eps_H``     the study's ε_H (learned H vs true H on the clean test points, up to a constant),
 * ``energy``    held-out energy MSE (the study's evaluation: clean test initial states rolled
                 out over t ∈ [0, 20] by the arm's method at h = dt),
