@@ -48,7 +48,7 @@ core: as much as a whole eager Verlet step on a small batch).  Here (:class:`Com
   final state: ≈ 1.6× faster from B ≈ 256 on, copies included).  Blocks hand their last state
   and force on in that layout, so a stretch of blocks converts once: ``steps(n)`` converts on
   the way in and makes (q, p, force) row-major again after its last block (per block, those six
-  eager copies took a third of a final-state rollout's time at B = 4096: 19.6 → 12.6 ns per
+  eager copies took a third of a final-state rollout's time at B = 4096: 19.6 → 12.5 ns per
   step·trajectory, ``experiments.bench.limits --sections compute``); a block that returns every
   state writes each one row-major from inside the kernel (inductor transposes in registers;
   Kepler, one idle core, every state kept: B = 4096 took 0.83–0.85 of the stacked row-major
