@@ -97,8 +97,10 @@ _NUMBA: dict = {}
 
 
 def _kdk(q0, p0, h, steps, qs, ps):
-    """Verlet, FSAL: one force a step; state n of trajectory i in qs[n, i], ps[n, i]."""
-    B = q0.shape[0]
+    """Verlet, FSAL: one force a step; state n of trajectory i in qs[n % R, i], ps[n % R, i]
+    with R = len(qs): every state when R = steps + 1, the last two alternating when R = 2 (its
+    arithmetic without the stores of every state; the final state in row steps % 2)."""
+    B, R = q0.shape[0], qs.shape[0]
     g = np.empty((B, 2))
     for i in range(B):
         x, y = q0[i, 0], q0[i, 1]
@@ -108,42 +110,19 @@ def _kdk(q0, p0, h, steps, qs, ps):
         qs[0, i, 0], qs[0, i, 1], ps[0, i, 0], ps[0, i, 1] = x, y, p0[i, 0], p0[i, 1]
     a = 0.5 * h
     for n in range(steps):
+        j, k = n % R, (n + 1) % R
         for i in range(B):
-            px = ps[n, i, 0] - a * g[i, 0]
-            py = ps[n, i, 1] - a * g[i, 1]
-            x = qs[n, i, 0] + h * px
-            y = qs[n, i, 1] + h * py
+            px = ps[j, i, 0] - a * g[i, 0]
+            py = ps[j, i, 1] - a * g[i, 1]
+            x = qs[j, i, 0] + h * px
+            y = qs[j, i, 1] + h * py
             r = math.sqrt(x * x + y * y)
             c = 1.0 / (r * r * r)
             gx, gy = x * c, y * c
             g[i, 0], g[i, 1] = gx, gy
-            qs[n + 1, i, 0], qs[n + 1, i, 1] = x, y
-            ps[n + 1, i, 0], ps[n + 1, i, 1] = px - a * gx, py - a * gy
+            qs[k, i, 0], qs[k, i, 1] = x, y
+            ps[k, i, 0], ps[k, i, 1] = px - a * gx, py - a * gy
 
-def _kdk_final(q0, p0, h, steps, q, p):
-    """The same loop keeping only the current state (q, p updated in place): its arithmetic
-    without the stores of every state."""
-    B = q0.shape[0]
-    g = np.empty((B, 2))
-    for i in range(B):
-        x, y = q0[i, 0], q0[i, 1]
-        r = math.sqrt(x * x + y * y)
-        c = 1.0 / (r * r * r)
-        g[i, 0], g[i, 1] = x * c, y * c
-        q[i, 0], q[i, 1], p[i, 0], p[i, 1] = x, y, p0[i, 0], p0[i, 1]
-    a = 0.5 * h
-    for n in range(steps):
-        for i in range(B):
-            px = p[i, 0] - a * g[i, 0]
-            py = p[i, 1] - a * g[i, 1]
-            x = q[i, 0] + h * px
-            y = q[i, 1] + h * py
-            r = math.sqrt(x * x + y * y)
-            c = 1.0 / (r * r * r)
-            gx, gy = x * c, y * c
-            g[i, 0], g[i, 1] = gx, gy
-            q[i, 0], q[i, 1] = x, y
-            p[i, 0], p[i, 1] = px - a * gx, py - a * gy
 
 def _store(q0, p0, steps, qs, ps):
     """The same stores and loads, no arithmetic: the memory traffic of keeping every state."""
@@ -152,6 +131,7 @@ def _store(q0, p0, steps, qs, ps):
         for i in range(q0.shape[0]):
             qs[n + 1, i, 0], qs[n + 1, i, 1] = qs[n, i, 0], qs[n, i, 1]
             ps[n + 1, i, 0], ps[n + 1, i, 1] = ps[n, i, 0], ps[n, i, 1]
+
 
 def _midpoint(q0, p0, h, steps, tol, max_iter, qs, ps):
     """Implicit midpoint per trajectory: k = X_H(z + h/2 k) by fixed point (warm start from
@@ -192,12 +172,11 @@ def numba_kernels():
         return _NUMBA
     import numba
     jit = numba.njit(cache=False)
-    kdk, kdk_final, store, midpoint = jit(_kdk), jit(_kdk_final), jit(_store), jit(_midpoint)
-    _NUMBA.update(kdk=kdk, kdk_final=kdk_final, store=store, midpoint=midpoint)
+    kdk, store, midpoint = jit(_kdk), jit(_store), jit(_midpoint)
+    _NUMBA.update(kdk=kdk, store=store, midpoint=midpoint)
     z = np.zeros((1, 2))
     q, p = np.array([[0.4, 0.0]]), np.array([[0.0, 2.0]])
     kdk(q, p, H, 1, np.zeros((2, 1, 2)), np.zeros((2, 1, 2)))      # compile outside the timings
-    kdk_final(q, p, H, 1, np.zeros((1, 2)), np.zeros((1, 2)))
     store(z, z, 1, np.zeros((2, 1, 2)), np.zeros((2, 1, 2)))
     midpoint(q, p, H, 1, 1e-13, 100, np.zeros((2, 1, 2)), np.zeros((2, 1, 2)))
     return _NUMBA
@@ -214,9 +193,10 @@ def numba_verlet(q0, p0, steps):
 
 
 def numba_verlet_final(q0, p0, steps):
-    q, p = np.empty(q0.shape), np.empty(p0.shape)
-    numba_kernels()["kdk_final"](q0.numpy(), p0.numpy(), H, steps, q, p)
-    return torch.from_numpy(q)[None], torch.from_numpy(p)[None]
+    """The same loop keeping the last two states only; returns the final one as (1, B, 2)."""
+    qs, ps = _np_out(q0, 1)
+    numba_kernels()["kdk"](q0.numpy(), p0.numpy(), H, steps, qs, ps)
+    return torch.from_numpy(qs[steps % 2][None]), torch.from_numpy(ps[steps % 2][None])
 
 
 def numba_store(q0, p0, steps):
@@ -561,7 +541,8 @@ def midpoint(args):
 def compute(args):
     """Where the time of a compiled every-state rollout goes, B = 4096 and 65536: the numba loop
     and ``rollout(compile=True)`` each keeping every state and keeping only the final state (the
-    arithmetic alone), side by side in the same rounds; ratios to the every-state numba loop."""
+    arithmetic alone), side by side in the same rounds; ratios to the every-state numba loop.
+    Returns (rows, K), K the compiled block's steps."""
     rows = []
     for batch in ([256] if args.quick else [4096, 65536]):
         system, q0, p0 = kepler_batch(batch)
@@ -580,7 +561,7 @@ def compute(args):
         den = res["numba loop, every state"]["seconds"]
         rows += [dict(config=name, batch=batch, steps=steps, ns=1e9 * r["seconds"] / (steps * batch),
                       ratio=r["seconds"] / den, max_diff=r["max_diff"]) for name, r in res.items()]
-    return rows
+    return rows, K
 
 
 def small(args):
@@ -730,9 +711,8 @@ def main(argv=None):
         if not has("numba"):
             print(f"compute: skipped ({NO_NUMBA})")
         else:
-            rows = compute(args)
+            rows, K = compute(args)
             floor, err = _call_floor(args)
-            K = _compile.default_block(tgi.METHODS["verlet"], kepler_batch(1)[0])
             data["compute"] = rows
             data["call_floor"] = dict(us=floor, block=K, error=err)
             md = ("Kepler, float64, one thread, the same rounds; ratios to the numba loop that keeps "
