@@ -4,6 +4,7 @@ numba is optional (the ``bench`` extra); here it is hidden, so the test runs the
 the numba rows must be skipped with a note and every ratio taken to the torch hand loop.  Checks
 what a run wrote and properties of its numbers that hold at any size (no wall-clock assertions).
 """
+import argparse
 import json
 import pathlib
 import sys
@@ -141,3 +142,14 @@ def test_limits_call_floor_is_one_compiled_call(monkeypatch):
                         lambda dev="cpu", numel=0: {"no_such_inductor_option": True})
     us, err = limits._call_floor(type("Args", (), {"quick": True})(), calls=20)
     assert us != us and err
+
+
+def test_limits_small_rows_time_the_compiled_loop(monkeypatch):
+    """The small section's final-state row runs the compiled loop (its failure would be an error
+    in the row, not a silent fallback to blocks), and says which way it ran."""
+    monkeypatch.setattr(limits, "SMALL_ROWS", [(True, False, True)])
+    rows = []
+    limits._small_rows(argparse.Namespace(quick=True), 32, rows)
+    (row,) = rows
+    assert row["how"] == "one compiled loop" and row["states"] == "final"
+    assert row["error"] is None and row["us_per_step"] > 0 and row["first_call_s"] > 0

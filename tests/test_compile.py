@@ -105,6 +105,7 @@ def _stride_spy(monkeypatch):
     """Batches from 2 up take the batch-innermost layout; the list of the strides of q that
     every compiled block call receives."""
     monkeypatch.setattr(_compile, "LAYOUT_MIN_BATCH", 2)
+    monkeypatch.setattr(_compile, "LOOP_MAX_NUMEL", 0)     # the blocks, not the compiled loop
     seen, traced = [], _compile._traced
 
     def spy(call, q, *args):
@@ -153,6 +154,7 @@ def test_macro_blocks_fall_back_to_row_major_for_a_system_that_needs_it(monkeypa
     """A force written with .view() cannot take the batch-innermost layout: the block is compiled
     on the row-major one instead, without a warning, and still equals eager."""
     monkeypatch.setattr(_compile, "LAYOUT_MIN_BATCH", 2)
+    monkeypatch.setattr(_compile, "LOOP_MAX_NUMEL", 0)
     system = _viewing_system()
     q0, p0 = _batch(n=4)
     with torch.no_grad(), warnings.catch_warnings():
@@ -565,3 +567,91 @@ def test_every_state_saved_keeps_the_graph_of_a_captured_tensor():
     g, = torch.autograd.grad(q[-1].sum(), k)
     ge, = torch.autograd.grad(qe[-1].sum(), k)
     assert torch.isfinite(g) and abs(g - ge) < 1e-10
+
+
+def _loop_calls(monkeypatch):
+    """The block counts of every compiled-loop call (``_Kernels.loop``), in order."""
+    calls, real = [], _compile._Kernels.loop
+
+    def spy(self, m):
+        fn = real(self, m)
+        return lambda n, *args: calls.append((m, int(n))) or fn(n, *args)
+    monkeypatch.setattr(_compile._Kernels, "loop", spy)
+    return calls
+
+
+def test_final_state_stretches_run_as_one_compiled_loop(monkeypatch):
+    """A small state's stretch between saves is one compiled loop over its K'-step blocks, across
+    the checks (save_every = 24, K' = 4, check_every = 16: six blocks a call); the last stretch
+    (5 steps, under two blocks) steps as before; states equal eager's; also under grad mode
+    with nothing requiring grad, and not when the system has a parameter that does."""
+    calls = _loop_calls(monkeypatch)
+    system = kepler(separable=True, analytic=True)
+    m = tgi.METHODS["verlet"]
+    q0, p0 = _batch()
+    qe, pe = _loop(m.step, system, q0, p0, 53, save_every=24)
+    qc, pc = _loop(compiled_step(m, system, steps=53, save_every=24, block=4), system, q0, p0, 53,
+                   save_every=24)
+    assert calls == [(4, 6), (4, 6)]
+    assert qc.shape == (4, 3, 2) and (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
+    q, p = run_loop(compiled_step(m, system, steps=53, save_every=24, block=4), q0, p0,
+                    system=system, h=0.01, steps=53, t0=0.0, save_every=24, check_every=16)
+    assert len(calls) == 4 and not q.requires_grad and (q - qe).abs().max() < 1e-12
+
+    k = torch.tensor(1.0, dtype=torch.float64, requires_grad=True)   # read by the force: a graph
+    trained = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1),
+                                       lambda q: 0.5 * k * (q * q).sum(-1),
+                                       kinetic_grad=lambda p: p, potential_grad=lambda q: k * q)
+    q, p = run_loop(compiled_step(m, trained, steps=53, save_every=24, block=4), q0, p0,
+                    system=trained, h=0.01, steps=53, t0=0.0, save_every=24, check_every=16)
+    assert len(calls) == 4 and q.requires_grad
+
+
+def test_compiled_loop_blowup_is_named_as_eager_names_it(monkeypatch):
+    """A stretch whose loop ends non-finite runs again checked from its start: the error names
+    the steps that eager's checks name (check_every = 16 inside a stretch of 200)."""
+    calls = _loop_calls(monkeypatch)
+    blowup = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: -(q ** 4).sum(-1),
+                                      kinetic_grad=lambda p: p, potential_grad=lambda q: -4 * q ** 3)
+    m, q0, p0 = tgi.METHODS["verlet"], torch.tensor([[0.3]]), torch.tensor([[0.0]])
+    messages = []
+    for step in (m.step, compiled_step(m, blowup, steps=200, save_every=200, block=4)):
+        with pytest.raises(FloatingPointError) as info, torch.no_grad():
+            run_loop(step, q0, p0, system=blowup, h=0.1, steps=200, t0=0.0, save_every=200,
+                     check_every=16)
+        messages.append(str(info.value))
+    assert calls == [(4, 50)] and messages[0] == messages[1]
+    assert "between step 32 and step 48" in messages[0]
+
+
+def test_compiled_loop_declines_and_falls_back(monkeypatch):
+    """No loop for a time-dependent system taking t as a float (in the loop t is a tensor) or a
+    state over LOOP_MAX_NUMEL; a loop that fails to compile is recorded and the blocks run,
+    without a warning.  Results equal eager's each time."""
+    calls = _loop_calls(monkeypatch)
+    m = tgi.METHODS["verlet"]
+    q0, p0 = _batch()
+    driven = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1),
+                                      lambda q, t: 0.5 * (1.0 + 0.1 * t) * (q * q).sum(-1),
+                                      kinetic_grad=lambda p: p,
+                                      potential_grad=lambda q, t: (1.0 + 0.1 * t) * q)
+    for system, limit in ((driven, _compile.LOOP_MAX_NUMEL), (kepler(True, True), 5)):
+        monkeypatch.setattr(_compile, "LOOP_MAX_NUMEL", limit)
+        qe, pe = _loop(m.step, system, q0, p0, 32, save_every=32)
+        qc, pc = _loop(compiled_step(m, system, steps=32, save_every=32, block=4), system, q0, p0,
+                       32, save_every=32)
+        assert calls == [] and (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
+    monkeypatch.undo()
+
+    def broken(self, m):
+        raise RuntimeError("no while_loop here")
+    monkeypatch.setattr(_compile._Kernels, "loop", broken)
+    system = kepler(separable=True, analytic=True)
+    qe, pe = _loop(m.step, system, q0, p0, 32, save_every=32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        qc, pc = _loop(compiled_step(m, system, steps=32, save_every=32, block=4), system, q0, p0,
+                       32, save_every=32)
+    k = _compile._kernels(m, system)
+    assert "no while_loop here" in k.loop_failed and not k.failed
+    assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12

@@ -620,27 +620,47 @@ def _cpp_wrapper(on):
         _compile.CPP_WRAPPER = old
 
 
-def _small_rows(args, steps, rows):
-    for wrapper in (False, True):
-        for every in (False, True):
-            system, q0, p0 = kepler_batch(1)
-            save = 1 if every else steps
+@contextlib.contextmanager
+def _loops(on):
+    """compile=True's final-state stretches of small states as one compiled loop (the library's
+    default, ``torchgeo_int._compile.LOOP_MAX_NUMEL``) or as a Python loop over compiled blocks."""
+    old = _compile.LOOP_MAX_NUMEL
+    _compile.LOOP_MAX_NUMEL = old if on else 0
+    try:
+        yield
+    finally:
+        _compile.LOOP_MAX_NUMEL = old
 
-            def run(q, p, n, system=system, save=save):
-                return tgi.rollout(system, q, p, h=H, steps=n, save_every=save, compile=True)
-            with _cpp_wrapper(wrapper), torch.no_grad(), warnings_off():
-                try:
-                    _, first = common.timed(lambda: run(q0, p0, steps))
-                    _, s = common.min_time(lambda: run(q0, p0, steps), 2 if args.quick else 7)
-                    # compile=True falls back to eager (with a warning, silenced here) when a
-                    # graph does not compile: say so, the row timed the eager step then
-                    failed = _compile._kernels(tgi.METHODS["verlet"], system).failed
-                    err = None if failed is None else f"ran eagerly: {failed}"
-                except Exception as e:  # noqa: BLE001 — report (e.g. no C++ compiler for the wrapper)
-                    first = s = math.nan
-                    err = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            rows.append(dict(cpp_wrapper=wrapper, states="every" if every else "final",
-                             us_per_step=1e6 * s / steps, first_call_s=first, error=err))
+
+#: the small section's rows: (C++ wrapper, every state kept, compiled loop); the last is the
+#: blocks the loop replaces, beside it
+SMALL_ROWS = [(False, False, True), (True, False, True), (True, False, False),
+              (False, True, False), (True, True, False)]
+
+
+def _small_rows(args, steps, rows):
+    for wrapper, every, loop in SMALL_ROWS:
+        system, q0, p0 = kepler_batch(1)
+        save = 1 if every else steps
+
+        def run(q, p, n, system=system, save=save):
+            return tgi.rollout(system, q, p, h=H, steps=n, save_every=save, compile=True)
+        with _cpp_wrapper(wrapper), _loops(loop), torch.no_grad(), warnings_off():
+            try:
+                _, first = common.timed(lambda: run(q0, p0, steps))
+                _, s = common.min_time(lambda: run(q0, p0, steps), 2 if args.quick else 7)
+                # compile=True falls back to eager (with a warning, silenced here) when a
+                # graph does not compile: say so, the row timed the eager step then
+                kernels = _compile._kernels(tgi.METHODS["verlet"], system)
+                err = None if kernels.failed is None else f"ran eagerly: {kernels.failed}"
+                if err is None and loop and not every and kernels.loop_failed:
+                    err = f"ran blocks: the loop failed: {kernels.loop_failed}"
+            except Exception as e:  # noqa: BLE001 — report (e.g. no C++ compiler for the wrapper)
+                first = s = math.nan
+                err = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        rows.append(dict(cpp_wrapper=wrapper, states="every" if every else "final",
+                         how="—" if every else ("one compiled loop" if loop else "blocks"),
+                         us_per_step=1e6 * s / steps, first_call_s=first, error=err))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -732,7 +752,7 @@ def main(argv=None):
         md = (f"Kepler, B = 1, {steps} Verlet steps, `rollout(compile=True)`, no_grad; "
               "first call = compile + one run.\n\n" + common.markdown_table(rows, [
                   ("cpp_wrapper", "inductor cpp_wrapper"), ("states", "states kept"),
-                  ("us_per_step", "µs / step"), ("first_call_s", "first call s"), ("error", "error")]))
+                  ("how", "final-state stretch"), ("us_per_step", "µs / step"), ("first_call_s", "first call s"), ("error", "error")]))
         sections.append(("Small batch, compiled", md))
         print(md)
     setup = (f"Kepler e = 0.6 (±2 %), h = {H}, float64, CPU, {torch.get_num_threads()} thread; "

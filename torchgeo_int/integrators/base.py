@@ -109,7 +109,11 @@ class Stepper:
       P (``run_loop`` under ``torch.no_grad()`` with ``save_every=1``: one call per stretch).
       By default ``steps(1)`` n times; ``compile=True`` writes whole compiled blocks at once.
       It returns None, having done nothing, when it cannot run without a graph (the caller
-      then steps with ``steps``).
+      then steps with ``steps``);
+    * optionally ``long_steps(q, p, t0, h, n, cache=None, *, start=0) -> (q, p, cache) | None``:
+      the n steps as one call with no finiteness check in between, which ``run_loop`` offers
+      for the whole stretch between two saves (None: declined, nothing done); the compiled
+      stepper's loop of blocks for small states.
 
     ``Stepper(system, step)`` binds a step function (``integrator.step``, or any callable with
     its signature); subclasses define ``step`` as a method instead."""
