@@ -151,5 +151,5 @@ def test_limits_small_rows_time_the_compiled_loop(monkeypatch):
     rows = []
     limits._small_rows(argparse.Namespace(quick=True), 32, rows)
     (row,) = rows
-    assert row["how"] == "one compiled loop" and row["states"] == "final"
+    assert row["how"] == "compiled loops" and row["states"] == "final"
     assert row["error"] is None and row["us_per_step"] > 0 and row["first_call_s"] > 0

@@ -414,7 +414,9 @@ def test_every_state_saved_in_whole_blocks(monkeypatch):
     rows; blocks of K = 3 write their stacked states there in one copy, the steps a stretch
     does not fill with blocks (16 = 3·5 + 1, and the last ones of the rollout) run eagerly.
     No per-step call of ``step``; the same states as eager to round-off, under no_grad and under
-    grad mode with nothing requiring grad (no graph: the outputs do not require grad)."""
+    grad mode with nothing requiring grad (no graph: the outputs do not require grad).  (The
+    blocks: this small state would otherwise run as compiled loops.)"""
+    monkeypatch.setattr(_compile, "LOOP_MAX_NUMEL", 0)
     system = kepler(separable=True, analytic=True)
     m = tgi.METHODS["verlet"]
     q0, p0 = _batch()
@@ -569,13 +571,15 @@ def test_every_state_saved_keeps_the_graph_of_a_captured_tensor():
     assert torch.isfinite(g) and abs(g - ge) < 1e-10
 
 
-def _loop_calls(monkeypatch):
-    """The block counts of every compiled-loop call (``_Kernels.loop``), in order."""
+def _loop_calls(monkeypatch, keep_all=False):
+    """(steps per block, blocks) of every compiled-loop call (``_Kernels.loop``), in order; with
+    ``keep_all`` (K, blocks, keeps every state)."""
     calls, real = [], _compile._Kernels.loop
 
-    def spy(self, m):
-        fn = real(self, m)
-        return lambda n, *args: calls.append((m, int(n))) or fn(n, *args)
+    def spy(self, m, keep=False):
+        fn = real(self, m, keep)
+        call = (m, None, keep) if keep_all else (m, None)
+        return lambda n, *args: calls.append(call[:1] + (int(n),) + call[2:]) or fn(n, *args)
     monkeypatch.setattr(_compile._Kernels, "loop", spy)
     return calls
 
@@ -643,7 +647,7 @@ def test_compiled_loop_declines_and_falls_back(monkeypatch):
         assert calls == [] and (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
     monkeypatch.undo()
 
-    def broken(self, m):
+    def broken(self, m, keep_all=False):
         raise RuntimeError("no while_loop here")
     monkeypatch.setattr(_compile._Kernels, "loop", broken)
     system = kepler(separable=True, analytic=True)
@@ -655,3 +659,32 @@ def test_compiled_loop_declines_and_falls_back(monkeypatch):
     k = _compile._kernels(m, system)
     assert "no while_loop here" in k.loop_failed and not k.failed
     assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
+
+
+def test_every_state_runs_as_compiled_loops_within_their_rows(monkeypatch):
+    """Every state saved, small state: compiled loops of K-step blocks, each carrying at most
+    LOOP_ROWS elements of states (here 2 blocks of 4 steps, 3 × 2 elements: 24 ≤ 48 ≤ 48), across
+    the checks, the last 53 mod 4 steps eagerly; rows equal eager's.  A blow-up in saving mode
+    is named as eager names it."""
+    monkeypatch.setattr(_compile, "LOOP_ROWS", 48)
+    calls = _loop_calls(monkeypatch, keep_all=True)
+    system = kepler(separable=True, analytic=True)
+    m = tgi.METHODS["verlet"]
+    q0, p0 = _batch()
+    qe, pe = _loop(m.step, system, q0, p0, 53)
+    qc, pc = _loop(compiled_step(m, system, steps=53, block=4), system, q0, p0, 53)
+    assert calls == [(4, 2, True)] * 6 + [(4, 1, True)]
+    assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
+    with torch.enable_grad():      # grad mode, nothing requiring grad: the same loops, no graph
+        qg, pg = run_loop(compiled_step(m, system, steps=53, block=4), q0, p0, system=system,
+                          h=0.01, steps=53, t0=0.0, save_every=1, check_every=16)
+    assert len(calls) == 14 and not qg.requires_grad and torch.equal(qg, qc)
+    blowup = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: -(q ** 4).sum(-1),
+                                      kinetic_grad=lambda p: p, potential_grad=lambda q: -4 * q ** 3)
+    messages = []
+    for step in (m.step, compiled_step(m, blowup, steps=200, block=4)):
+        with pytest.raises(FloatingPointError) as info, torch.no_grad():
+            run_loop(step, torch.tensor([[0.3]]), torch.tensor([[0.0]]), system=blowup, h=0.1,
+                     steps=200, t0=0.0, save_every=1, check_every=16)
+        messages.append(str(info.value))
+    assert messages[0] == messages[1] and "between step 32 and step 48" in messages[0]

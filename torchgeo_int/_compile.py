@@ -25,15 +25,19 @@ core: as much as a whole eager Verlet step on a small batch).  Here (:class:`Com
     stretch that K' does not divide (a check between saves, the last steps) runs its last
     ``n mod K'`` steps eagerly, so no second graph is compiled;
   - ``long_steps(n)`` (small states, ≤ ``LOOP_MAX_NUMEL`` elements: ``run_loop`` offers the
-    whole stretch between two saves, its checks included) runs the same K'-step blocks as one
-    compiled loop (``while_loop``; with inductor's C++ wrapper the loop is C++), so the call's
-    cost — dynamo's guards and wrappers, 25–50 µs on a CPU core, 1.6–3 µs a step over a block
-    of 16 — is paid once per stretch, not per block; ``run_loop`` checks the stretch's final
-    state and, if it is not finite, runs the stretch again in checked stretches, which name the
-    steps as before.  Kepler Verlet, final state, 2000 steps, one core, interleaved: B = 1
-    2.4 against 8.4 µs a step (blocks), B = 64 3.1 against 9.5, B = 1024 17 against 22; B = 4096
-    on a par, so larger states keep the blocks.  Not for a time-dependent system that takes t
-    as a float (in the loop t is a tensor): those keep the blocks;
+    whole stretch between two saves, its checks included, and with every state saved the whole
+    rollout and its rows) runs the same blocks as compiled loops (``while_loop``; with
+    inductor's C++ wrapper the loop is C++), so the call's cost — dynamo's guards and wrappers,
+    25–50 µs on a CPU core, 1.6–3 µs a step over a block of 16 — is paid once per stretch, not
+    per block; keeping every state, a loop carries the rows of its states and copies them at
+    each block (a functional write), so one call covers ``LOOP_ROWS`` elements of them.
+    ``run_loop`` checks the stretch's final state and, if it is not finite, runs the stretch
+    again in checked stretches, which name the steps as before.  Kepler Verlet, 2000 steps,
+    one core, loops against blocks, interleaved: final state B = 1 2.4 against 8.4 µs a step,
+    B = 64 3.1 against 9.5, B = 1024 17 against 22, B = 4096 on a par (so larger states keep
+    the blocks); every state B = 1 2.0 against 8.3, B = 16 2.9 against 6.7, B = 128 15
+    against 17, B = 512 on a par.  Not for a time-dependent system that takes t as a float (in
+    the loop t is a tensor): those keep the blocks;
   - ``saves(n)`` (every state saved: ``run_loop`` asks for the n steps up to the next check
     and hands over their output rows): one call computes K states (``steps(1)`` K times in one
     graph, each returned row-major) and one ``torch.stack(out=)`` writes them into K rows — no
@@ -134,6 +138,10 @@ LAYOUT_MAX_EVENT = 64
 #: largest state (numel(q)) whose final-state stretches run as one compiled loop
 #: (``CompiledStep.long_steps``) rather than a Python loop over compiled blocks.
 LOOP_MAX_NUMEL = 2048
+#: largest number of elements (states × numel(q)) of the rows a compiled loop that keeps every
+#: state carries: it writes them functionally, a copy of the rows per block, so one call
+#: covers about LOOP_ROWS / numel(q) steps (Kepler, B = 1: 2048).
+LOOP_ROWS = 4096
 #: (integrator, system) pairs whose compiled graphs are kept.
 KEEP = 16
 #: seconds the first call of a compiled function (its compilation) may take; past it the step
@@ -443,32 +451,49 @@ class _Kernels:
                                for x in (q, p, force))
         return _budgeted(self.ready, fn, q, p, force, t, h)
 
-    def loop(self, m):
+    def loop(self, m, keep_all=False):
         """The compiled loop of m-step blocks (``torch._higher_order_ops.while_loop``):
         (n, q, p, force, t, h) -> (q, p, force) after n (a 0-d int64 tensor) blocks of the eager
         stepper's ``steps(m)``, block i at time t + i·m·h; one call for a whole stretch, so the
         call's cost (dynamo's guards and wrappers, tens of µs) is paid once, not per block; with
-        inductor's C++ wrapper the loop itself runs in C++.  Row-major (the small states it is
-        used for)."""
-        fn = self._blocks.get(("loop", m))
+        inductor's C++ wrapper the loop itself runs in C++.  With ``keep_all``,
+        (n, q, p, force, t, h, Q, P) -> (q, p, force, Q, P): block i also writes its m states
+        (``steps(1)`` m times) into rows i·m … of Q and P, which the loop carries (a functional
+        write: each block copies the buffers, so they stay short; see ``LOOP_ROWS``).
+        Row-major (the small states it is used for)."""
+        fn = self._blocks.get(("loop", m, keep_all))
         if fn is None:
             from torch._higher_order_ops.while_loop import while_loop   # torch >= 2.4
             eager, fsal, timed = self.eager, self.fsal, self.time_dependent
 
-            def steps(n, q, p, force, t, h):
-                def cond(i, q, p, *force):
+            def steps(n, q, p, force, t, h, *rows):
+                def cond(i, q, p, *rest):
                     return i < n
 
-                def body(i, q, p, *force):
+                def body(i, q, p, *rest):
                     tb = t + (i * m).to(t.dtype) * h if timed else t
-                    q, p, f = eager.steps(q, p, tb, h, m, force[0] if fsal else None)
-                    return (i + 1, q, p) + ((f,) if fsal else ())
+                    f = rest[0] if fsal else None
+                    if keep_all:
+                        qs, ps = [], []
+                        for j in range(m):
+                            q, p, f = eager.steps(q, p, tb, h, 1, f, start=j)
+                            qs.append(q)
+                            ps.append(p)
+                        at = i * m + torch.arange(m, device=q.device)
+                        Q, P = rest[-2:]
+                        bufs = (Q.index_copy(0, at, torch.stack(qs)),
+                                P.index_copy(0, at, torch.stack(ps)))
+                    else:
+                        q, p, f = eager.steps(q, p, tb, h, m, f)
+                        bufs = ()
+                    return (i + 1, q, p) + ((f,) if fsal else ()) + bufs
 
                 i0 = torch.zeros((), dtype=torch.int64, device=q.device)
-                out = while_loop(cond, body, (i0, q, p) + ((force,) if fsal else ()))
-                return out[1], out[2], (out[3] if fsal else None)
+                out = while_loop(cond, body, (i0, q, p) + ((force,) if fsal else ()) + rows)
+                return (out[1], out[2], out[3] if fsal else None) + tuple(out[len(out) - len(rows):])
 
-            fn = self._blocks[("loop", m)] = _compile(steps, f"{self._tag}_loop{m}")
+            fn = self._blocks[("loop", m, keep_all)] = _compile(
+                steps, f"{self._tag}_loop{m}_{int(keep_all)}")
         return fn
 
     def fuse(self, fn, m, is_tuple):
@@ -814,38 +839,59 @@ class CompiledStep(Stepper):
             raise err.with_step(start + j) from None
         return q, p, cache
 
-    def long_steps(self, q, p, t0, h, n, cache=None, *, start=0):
-        """``steps(n)`` as one compiled loop (:meth:`_Kernels.loop`) over its K'-step blocks,
-        with no check in between (``run_loop`` checks the final state, and reruns the stretch
-        checked if it is not finite); None, having done nothing, where that does not apply: a
-        state of more than ``LOOP_MAX_NUMEL`` elements (there a call's cost is small beside the
-        arithmetic, and the blocks run batch-innermost), fewer than two blocks, a time-dependent
-        system that takes t as a float (in a loop t is a tensor), a rollout that keeps a graph,
-        or a loop that failed to compile (then the blocks run, as without it)."""
-        k, m = self.kernels, self.macro
-        if (m == 1 or n < 2 * m or k.failed or k.loop_failed or p is None
+    def long_steps(self, q, p, t0, h, n, cache=None, *, start=0, rows=None):
+        """``steps(n)`` — or with ``rows``, ``saves(n)`` — as compiled loops
+        (:meth:`_Kernels.loop`) over K'-step blocks (K-step ones when keeping every state), with
+        no check in between (``run_loop`` checks the final state, and reruns the stretch checked
+        if it is not finite): one loop for the final state, one per ``LOOP_ROWS`` elements of
+        states kept.  None, having done nothing, where that does not apply: a state of more than
+        ``LOOP_MAX_NUMEL`` elements (there a call's cost is small beside the arithmetic, and the
+        blocks run batch-innermost), fewer than two blocks, a time-dependent system that takes t
+        as a float (in a loop t is a tensor), a rollout that keeps a graph, or a loop that failed
+        to compile (then the blocks run, as without it)."""
+        k = self.kernels
+        m = self.block if rows is not None else self.macro
+        if (m == 1 or n < 2 * m or not k.explicit or k.failed or k.loop_failed or p is None
                 or q.numel() > LOOP_MAX_NUMEL or (k.time_dependent and not k.tensor_time)):
             return None
         if torch.is_grad_enabled():
             if self.n_steps is None or self._graph(q, p, t0 + start * h, h):
                 return None
             with torch.no_grad():
-                return self.long_steps(q, p, t0, h, n, cache, start=start)
-        full = n - n % m
-        t = t0 + start * h
-        force = k.first_force(self.system, q, t, _force_of(cache, q))
-        count = torch.tensor(full // m, device=q.device)
-        if ("loop", m) not in k._blocks:
+                return self.long_steps(q, p, t0, h, n, cache, start=start, rows=rows)
+        keep = rows is not None
+        # blocks per call: all of them for the final state; for every state as many as keep
+        # the carried buffers within LOOP_ROWS elements (at least 2)
+        per = (n // m if not keep else max(2, LOOP_ROWS // (m * q.numel())))
+        force = k.first_force(self.system, q, t0 + start * h, _force_of(cache, q))
+        if ("loop", m, keep) not in k._blocks:
             # one eager step first, discarded: the system's once-only output checks (a flag set
             # at the first call) run outside the loop, whose body may not change outer state
             self.eager.steps(q, p, t0, h, 1, force, start=start)
-        try:
-            q, p, force = _budgeted(k.ready, k.loop(m), count, q, p, force, self._time(t, q), h)
-        except Exception as err:  # noqa: BLE001 — whatever dynamo/inductor raise; blocks then
-            k.loop_failed = _why(err)
-            return None
-        if full < n:     # the rest eagerly: no second graph to compile
-            q, p, force = self.eager.steps(q, p, t0, h, n - full, force, start=start + full)
+        bufs = (torch.empty((per * m, *q.shape), dtype=q.dtype, device=q.device),
+                torch.empty((per * m, *p.shape), dtype=p.dtype, device=p.device)) if keep else ()
+        j = 0
+        while n - j >= m:
+            blocks = min(per, (n - j) // m)
+            t = t0 + (start + j) * h
+            try:
+                out = _budgeted(k.ready, k.loop(m, keep), torch.tensor(blocks, device=q.device),
+                                q, p, force, self._time(t, q), h, *bufs)
+            except Exception as err:  # noqa: BLE001 — whatever dynamo/inductor raise; blocks then
+                k.loop_failed = _why(err)
+                if j == 0:
+                    return None
+                break        # (the rows so far are written: the rest as without loops)
+            q, p, force = out[:3]
+            if keep:
+                rows[0][j:j + blocks * m] = out[3][:blocks * m]
+                rows[1][j:j + blocks * m] = out[4][:blocks * m]
+            j += blocks * m
+        if j < n:     # the rest eagerly: no second graph to compile
+            if keep:
+                return self.eager.saves(q, p, t0, h, n - j, force, start=start + j,
+                                        rows=(rows[0][j:], rows[1][j:]))
+            q, p, force = self.eager.steps(q, p, t0, h, n - j, force, start=start + j)
         return q, p, force
 
     def steps(self, q, p, t0, h, n, cache=None, *, start=0, out=None):

@@ -96,17 +96,18 @@ def run_loop(step, q0, p0, *, system, h, steps, t0, save_every, check_every, cac
     saving = (save_every == 1 and not track and p is not None
               and (not grad_mode or getattr(stepper, "decides_graph", False)))
     # A stepper with ``long_steps`` (compiled, small states) may run a whole stretch between
-    # saves as one call, checks included: its final state is checked once, and a stretch that
-    # ends non-finite runs again from its start in the checked stretches below, which name the
-    # steps as they would have without it.
+    # saves (every state saved: the whole rollout) in one go, checks included: its final state
+    # is checked once, and a stretch that ends non-finite runs again from its start in the
+    # checked stretches below, which name the steps as they would have without it.
     long = getattr(stepper, "long_steps", None) if not track and p is not None else None
     checked_until = 0
     k = 0
     while k < steps:
-        if long is not None and not saving and k >= checked_until:
-            end = min(steps, (k // save_every + 1) * save_every)
+        if long is not None and k >= checked_until:
+            end = steps if saving else min(steps, (k // save_every + 1) * save_every)
             try:
-                done = long(q, p, t0, h, end - k, cache, start=k)
+                done = long(q, p, t0, h, end - k, cache, start=k,
+                            rows=(outs[0][k + 1:end + 1], outs[1][k + 1:end + 1]) if saving else None)
             except ConvergenceError as err:
                 raise err.with_step(step_offset + (k if err.step is None else err.step)) from None
             if done is not None:
@@ -117,8 +118,9 @@ def run_loop(step, q0, p0, *, system, h, steps, t0, save_every, check_every, cac
                 if progress is not None:
                     progress.update(end - k)
                 k = end
-                i = -(-k // save_every)
-                outs[0][i], outs[1][i] = q, p
+                if not saving:
+                    i = -(-k // save_every)
+                    outs[0][i], outs[1][i] = q, p
                 continue
         if saving:
             end = min(steps, (k // check_every + 1) * check_every)

@@ -44,7 +44,9 @@ Sections besides the table (``--sections``):
   call of a compiled one-op function on a (1, 2) state: torch.compile's own cost per call;
 * ``small``: B = 1, ``compile=True`` µs per Verlet step and compile time, with inductor's
   Python wrapper and with its C++ wrapper (``cpp_wrapper``, the library's default on the CPU:
-  ``torchgeo_int._compile.CPP_WRAPPER``), final state only and every state kept.
+  ``torchgeo_int._compile.CPP_WRAPPER``), final state only and every state kept, as compiled
+  loops (the default for small states, ``torchgeo_int._compile.LOOP_MAX_NUMEL``) and as the
+  Python loop over compiled blocks they replace.
 
 Writes results/bench/limits.{md,json}.  ns / step·traj = time / (steps × batch).
 """
@@ -565,8 +567,8 @@ def compute(args):
 
 
 def small(args):
-    """B = 1, compile=True: µs per Verlet step and compile seconds, inductor's Python wrapper vs
-    its C++ wrapper (a fresh system each, so each compiles its own graphs; inductor's caches
+    """B = 1, compile=True: µs per Verlet step and compile seconds, the rows of ``SMALL_ROWS``
+    (a fresh system each, so each compiles its own graphs; inductor's caches
     pointed at an empty folder, so the first call is a cold compile)."""
     import os
     import tempfile
@@ -622,8 +624,8 @@ def _cpp_wrapper(on):
 
 @contextlib.contextmanager
 def _loops(on):
-    """compile=True's final-state stretches of small states as one compiled loop (the library's
-    default, ``torchgeo_int._compile.LOOP_MAX_NUMEL``) or as a Python loop over compiled blocks."""
+    """compile=True's stretches of small states as compiled loops (the library's default,
+    ``torchgeo_int._compile.LOOP_MAX_NUMEL``) or as a Python loop over compiled blocks."""
     old = _compile.LOOP_MAX_NUMEL
     _compile.LOOP_MAX_NUMEL = old if on else 0
     try:
@@ -632,10 +634,10 @@ def _loops(on):
         _compile.LOOP_MAX_NUMEL = old
 
 
-#: the small section's rows: (C++ wrapper, every state kept, compiled loop); the last is the
-#: blocks the loop replaces, beside it
+#: the small section's rows: (C++ wrapper, every state kept, compiled loops); beside each
+#: loop row with the C++ wrapper (the default) the blocks the loops replace
 SMALL_ROWS = [(False, False, True), (True, False, True), (True, False, False),
-              (False, True, False), (True, True, False)]
+              (True, True, True), (True, True, False)]
 
 
 def _small_rows(args, steps, rows):
@@ -653,13 +655,13 @@ def _small_rows(args, steps, rows):
                 # graph does not compile: say so, the row timed the eager step then
                 kernels = _compile._kernels(tgi.METHODS["verlet"], system)
                 err = None if kernels.failed is None else f"ran eagerly: {kernels.failed}"
-                if err is None and loop and not every and kernels.loop_failed:
+                if err is None and loop and kernels.loop_failed:
                     err = f"ran blocks: the loop failed: {kernels.loop_failed}"
             except Exception as e:  # noqa: BLE001 — report (e.g. no C++ compiler for the wrapper)
                 first = s = math.nan
                 err = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         rows.append(dict(cpp_wrapper=wrapper, states="every" if every else "final",
-                         how="—" if every else ("one compiled loop" if loop else "blocks"),
+                         how="compiled loops" if loop else "blocks",
                          us_per_step=1e6 * s / steps, first_call_s=first, error=err))
 
 
@@ -752,7 +754,7 @@ def main(argv=None):
         md = (f"Kepler, B = 1, {steps} Verlet steps, `rollout(compile=True)`, no_grad; "
               "first call = compile + one run.\n\n" + common.markdown_table(rows, [
                   ("cpp_wrapper", "inductor cpp_wrapper"), ("states", "states kept"),
-                  ("how", "final-state stretch"), ("us_per_step", "µs / step"), ("first_call_s", "first call s"), ("error", "error")]))
+                  ("how", "steps run as"), ("us_per_step", "µs / step"), ("first_call_s", "first call s"), ("error", "error")]))
         sections.append(("Small batch, compiled", md))
         print(md)
     setup = (f"Kepler e = 0.6 (±2 %), h = {H}, float64, CPU, {torch.get_num_threads()} thread; "
