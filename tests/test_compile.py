@@ -629,8 +629,8 @@ def test_compiled_loop_blowup_is_named_as_eager_names_it(monkeypatch):
 
 
 def test_compiled_loop_declines_and_falls_back(monkeypatch):
-    """No loop for a time-dependent system taking t as a float (in the loop t is a tensor) or a
-    state over LOOP_MAX_NUMEL; a loop that fails to compile is recorded and the blocks run,
+    """No loop for a time-dependent system taking t as a float (in the loop t is a tensor), a
+    state over LOOP_MAX_NUMEL or an empty one; a loop that fails to compile is recorded and the blocks run,
     without a warning.  Results equal eager's each time."""
     calls = _loop_calls(monkeypatch)
     m = tgi.METHODS["verlet"]
@@ -659,6 +659,13 @@ def test_compiled_loop_declines_and_falls_back(monkeypatch):
     k = _compile._kernels(m, system)
     assert "no while_loop here" in k.loop_failed and not k.failed
     assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
+    monkeypatch.undo()
+    empty = torch.zeros(0, 2, dtype=torch.float64)      # an empty batch: no loop, no error
+    for save in (1, 16):
+        with torch.no_grad():
+            qz, pz = tgi.rollout(kepler(True, True), empty, empty, h=0.01, steps=40,
+                                 save_every=save, compile=True)
+        assert qz.shape == (-(-40 // save) + 1, 0, 2) and pz.shape == qz.shape
 
 
 def test_every_state_runs_as_compiled_loops_within_their_rows(monkeypatch):

@@ -773,7 +773,9 @@ class CompiledStep(Stepper):
 
     def _graph(self, q, p, t, h):
         """Under grad mode: whether this rollout keeps a graph (:func:`needs_graph`, decided at
-        the first planned call from its state)."""
+        the first planned call from its state; True without a plan, ``steps``)."""
+        if self.n_steps is None:
+            return True
         if self.graph is None:
             self.graph = needs_graph(self.integrator, self.system, q, p, t, h)
         return self.graph
@@ -785,7 +787,7 @@ class CompiledStep(Stepper):
         ``run_block``); the last ``n mod K`` steps run eagerly (no second graph to compile)."""
         k, K = self.kernels, self.block
         if torch.is_grad_enabled():
-            if self.n_steps is None or self._graph(q, p, t0 + start * h, h):
+            if self._graph(q, p, t0 + start * h, h):
                 return None
             with torch.no_grad():
                 return self.saves(q, p, t0, h, n, cache, start=start, rows=rows)
@@ -852,10 +854,10 @@ class CompiledStep(Stepper):
         k = self.kernels
         m = self.block if rows is not None else self.macro
         if (m == 1 or n < 2 * m or not k.explicit or k.failed or k.loop_failed or p is None
-                or q.numel() > LOOP_MAX_NUMEL or (k.time_dependent and not k.tensor_time)):
+                or not 0 < q.numel() <= LOOP_MAX_NUMEL or (k.time_dependent and not k.tensor_time)):
             return None
         if torch.is_grad_enabled():
-            if self.n_steps is None or self._graph(q, p, t0 + start * h, h):
+            if self._graph(q, p, t0 + start * h, h):
                 return None
             with torch.no_grad():
                 return self.long_steps(q, p, t0, h, n, cache, start=start, rows=rows)
@@ -877,27 +879,37 @@ class CompiledStep(Stepper):
             try:
                 out = _budgeted(k.ready, k.loop(m, keep), torch.tensor(blocks, device=q.device),
                                 q, p, force, self._time(t, q), h, *bufs)
+            except CompileTimeout as err:
+                # the abandoned compile holds dynamo's lock until it ends: a block compiled now
+                # would wait for it, so eager from here on, as for a block that timed out
+                k.loop_failed = k.failed = str(err)
+                warnings.warn(f"compile=True: {k.name!r}: {err}; running it eagerly",
+                              RuntimeWarning, stacklevel=4)
+                return None if j == 0 else self._rest(q, p, t0, h, n, j, force, start, rows)
             except Exception as err:  # noqa: BLE001 — whatever dynamo/inductor raise; blocks then
                 k.loop_failed = _why(err)
-                if j == 0:
-                    return None
-                break        # (the rows so far are written: the rest as without loops)
+                return None if j == 0 else self._rest(q, p, t0, h, n, j, force, start, rows)
             q, p, force = out[:3]
             if keep:
                 rows[0][j:j + blocks * m] = out[3][:blocks * m]
                 rows[1][j:j + blocks * m] = out[4][:blocks * m]
             j += blocks * m
-        if j < n:     # the rest eagerly: no second graph to compile
-            if keep:
-                return self.eager.saves(q, p, t0, h, n - j, force, start=start + j,
-                                        rows=(rows[0][j:], rows[1][j:]))
-            q, p, force = self.eager.steps(q, p, t0, h, n - j, force, start=start + j)
+        return self._rest(q, p, t0, h, n, j, force, start, rows)
+
+    def _rest(self, q, p, t0, h, n, j, force, start, rows):
+        """The steps j … n − 1 of a ``long_steps`` call after its loops: blocks and the eager
+        tail as without loops (a loop that failed midway), or just the tail (no second graph)."""
+        if j < n:
+            if rows is not None:
+                return self.saves(q, p, t0, h, n - j, force, start=start + j,
+                                  rows=(rows[0][j:], rows[1][j:]))
+            return self.steps(q, p, t0, h, n - j, force, start=start + j)
         return q, p, force
 
     def steps(self, q, p, t0, h, n, cache=None, *, start=0, out=None):
         if n == 1 and type(cache) is _Block and q is cache.last and cache.i < cache.n:
             return cache.next()     # every state saved: the next state of a lookahead block
-        if torch.is_grad_enabled() and self.n_steps is not None:
+        if torch.is_grad_enabled():
             if not self._graph(q, p, t0 + start * h, h):
                 with torch.no_grad():    # the graphs (and outputs) of a no_grad rollout
                     return self.steps(q, p, t0, h, n, cache, start=start)

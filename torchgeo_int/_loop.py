@@ -100,10 +100,9 @@ def run_loop(step, q0, p0, *, system, h, steps, t0, save_every, check_every, cac
     # is checked once, and a stretch that ends non-finite runs again from its start in the
     # checked stretches below, which name the steps as they would have without it.
     long = getattr(stepper, "long_steps", None) if not track and p is not None else None
-    checked_until = 0
     k = 0
     while k < steps:
-        if long is not None and k >= checked_until:
+        if long is not None:
             end = steps if saving else min(steps, (k // save_every + 1) * save_every)
             try:
                 done = long(q, p, t0, h, end - k, cache, start=k,
@@ -112,7 +111,7 @@ def run_loop(step, q0, p0, *, system, h, steps, t0, save_every, check_every, cac
                 raise err.with_step(step_offset + (k if err.step is None else err.step)) from None
             if done is not None:
                 if not bool(torch.stack([torch.isfinite(x).all() for x in done[:2]]).all()):
-                    checked_until = end
+                    long = None      # from k again, checked (the check below raises)
                     continue
                 q, p, cache = done
                 if progress is not None:

@@ -110,10 +110,12 @@ class Stepper:
       By default ``steps(1)`` n times; ``compile=True`` writes whole compiled blocks at once.
       It returns None, having done nothing, when it cannot run without a graph (the caller
       then steps with ``steps``);
-    * optionally ``long_steps(q, p, t0, h, n, cache=None, *, start=0) -> (q, p, cache) | None``:
-      the n steps as one call with no finiteness check in between, which ``run_loop`` offers
-      for the whole stretch between two saves (None: declined, nothing done); the compiled
-      stepper's loop of blocks for small states.
+    * optionally ``long_steps(q, p, t0, h, n, cache=None, *, start=0, rows=None) ->
+      (q, p, cache) | None``: the n steps in one go with no finiteness check in between, which
+      ``run_loop`` offers for the whole stretch between two saves, or, every state saved, for
+      the whole rollout with its rows (``rows`` as ``saves``'); None: declined, nothing done.
+      Offered under grad mode too, outside a graph: it declines when the steps need one.  The
+      compiled stepper's loops of blocks for small states.
 
     ``Stepper(system, step)`` binds a step function (``integrator.step``, or any callable with
     its signature); subclasses define ``step`` as a method instead."""
