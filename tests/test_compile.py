@@ -630,7 +630,7 @@ def test_compiled_loop_blowup_is_named_as_eager_names_it(monkeypatch):
 
 def test_compiled_loop_declines_and_falls_back(monkeypatch):
     """No loop for a time-dependent system taking t as a float (in the loop t is a tensor), a
-    state over LOOP_MAX_NUMEL or an empty one; a loop that fails to compile is recorded and the blocks run,
+    state over LOOP_MAX_NUMEL, an empty one or one off the CPU; a loop that fails to compile is recorded and the blocks run,
     without a warning.  Results equal eager's each time."""
     calls = _loop_calls(monkeypatch)
     m = tgi.METHODS["verlet"]
@@ -660,6 +660,9 @@ def test_compiled_loop_declines_and_falls_back(monkeypatch):
     assert "no while_loop here" in k.loop_failed and not k.failed
     assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
     monkeypatch.undo()
+    meta = q0.to("meta")       # off the CPU: declined before anything runs
+    stepper = compiled_step(m, kepler(True, True), steps=32, save_every=32, block=4)
+    assert stepper.long_steps(meta, meta, 0.0, 0.01, 32) is None
     empty = torch.zeros(0, 2, dtype=torch.float64)      # an empty batch: no loop, no error
     for save in (1, 16):
         with torch.no_grad():

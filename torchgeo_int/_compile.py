@@ -135,8 +135,9 @@ FIELDS_MIN = 2 ** 15
 #: number of elements per trajectory for which they do (a wide state vectorises well as it is).
 LAYOUT_MIN_BATCH = 256
 LAYOUT_MAX_EVENT = 64
-#: largest state (numel(q)) whose final-state stretches run as one compiled loop
-#: (``CompiledStep.long_steps``) rather than a Python loop over compiled blocks.
+#: largest CPU state (numel(q)) whose stretches run as compiled loops (``CompiledStep.long_steps``)
+#: rather than a Python loop over compiled blocks (Kepler: on a par with the blocks at B = 4096,
+#: final state, and B = 512, every state; faster below).
 LOOP_MAX_NUMEL = 2048
 #: largest number of elements (states × numel(q)) of the rows a compiled loop that keeps every
 #: state carries: it writes them functionally, a copy of the rows per block, so one call
@@ -848,13 +849,15 @@ class CompiledStep(Stepper):
         if it is not finite): one loop for the final state, one per ``LOOP_ROWS`` elements of
         states kept.  None, having done nothing, where that does not apply: a state of more than
         ``LOOP_MAX_NUMEL`` elements (there a call's cost is small beside the arithmetic, and the
-        blocks run batch-innermost), fewer than two blocks, a time-dependent system that takes t
+        blocks run batch-innermost), a state off the CPU (measured there only; on a GPU the
+        loop's condition would be a host sync per block), fewer than two blocks, a time-dependent system that takes t
         as a float (in a loop t is a tensor), a rollout that keeps a graph, or a loop that failed
         to compile (then the blocks run, as without it)."""
         k = self.kernels
         m = self.block if rows is not None else self.macro
         if (m == 1 or n < 2 * m or not k.explicit or k.failed or k.loop_failed or p is None
-                or not 0 < q.numel() <= LOOP_MAX_NUMEL or (k.time_dependent and not k.tensor_time)):
+                or not 0 < q.numel() <= LOOP_MAX_NUMEL or q.device.type != "cpu"
+                or (k.time_dependent and not k.tensor_time)):
             return None
         if torch.is_grad_enabled():
             if self._graph(q, p, t0 + start * h, h):
