@@ -698,3 +698,26 @@ def test_every_state_runs_as_compiled_loops_within_their_rows(monkeypatch):
                      steps=200, t0=0.0, save_every=1, check_every=16)
         messages.append(str(info.value))
     assert messages[0] == messages[1] and "between step 32 and step 48" in messages[0]
+
+
+def test_compiled_loops_keep_a_progress_bar_moving(monkeypatch):
+    """With a progress bar, a loop covers at most max(check_every, steps / 100) steps, so the
+    bar moves during a long compiled run; the updates add up to the steps, the states as without
+    a bar."""
+    calls = _loop_calls(monkeypatch)
+    system = kepler(separable=True, analytic=True)
+    m = tgi.METHODS["verlet"]
+    q0, p0 = _batch()
+
+    class Bar:
+        seen = []
+
+        def update(self, n):
+            self.seen.append(n)
+    with torch.no_grad():
+        qb, pb = run_loop(compiled_step(m, system, steps=96, save_every=96, block=4), q0, p0,
+                          system=system, h=0.01, steps=96, t0=0.0, save_every=96, check_every=16,
+                          progress=Bar())
+    qe, pe = _loop(m.step, system, q0, p0, 96, save_every=96)
+    assert Bar.seen == [16] * 6 and calls == [(4, 4)] * 6
+    assert (qb - qe).abs().max() < 1e-12 and (pb - pe).abs().max() < 1e-12

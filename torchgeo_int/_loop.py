@@ -104,6 +104,8 @@ def run_loop(step, q0, p0, *, system, h, steps, t0, save_every, check_every, cac
     while k < steps:
         if long is not None:
             end = steps if saving else min(steps, (k // save_every + 1) * save_every)
+            if progress is not None:     # a bar that moves: at most a hundredth of the run a call
+                end = min(end, k + max(check_every, -(-steps // 100)))
             try:
                 done = long(q, p, t0, h, end - k, cache, start=k,
                             rows=(outs[0][k + 1:end + 1], outs[1][k + 1:end + 1]) if saving else None)
