@@ -847,12 +847,13 @@ class CompiledStep(Stepper):
         (:meth:`_Kernels.loop`) over K'-step blocks (K-step ones when keeping every state), with
         no check in between (``run_loop`` checks the final state, and reruns the stretch checked
         if it is not finite): one loop for the final state, one per ``LOOP_ROWS`` elements of
-        states kept.  None, having done nothing, where that does not apply: a state of more than
-        ``LOOP_MAX_NUMEL`` elements (there a call's cost is small beside the arithmetic, and the
-        blocks run batch-innermost), a state off the CPU (measured there only; on a GPU the
-        loop's condition would be a host sync per block), fewer than two blocks, a time-dependent system that takes t
-        as a float (in a loop t is a tensor), a rollout that keeps a graph, or a loop that failed
-        to compile (then the blocks run, as without it)."""
+        states kept.  None, having done nothing, where that does not apply: an empty state or
+        one of more than ``LOOP_MAX_NUMEL`` elements (there a call's cost is small beside the
+        arithmetic, and the blocks run batch-innermost), a state off the CPU (measured there
+        only; on a GPU the loop's condition would be a host sync per block), fewer than two
+        blocks, a time-dependent system that takes t as a float (in a loop t is a tensor), a
+        rollout that keeps a graph, or a loop that failed to compile (then the blocks run, as
+        without it; a compile that timed out: eager, as for a block)."""
         k = self.kernels
         m = self.block if rows is not None else self.macro
         if (m == 1 or n < 2 * m or not k.explicit or k.failed or k.loop_failed or p is None
