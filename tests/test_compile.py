@@ -736,3 +736,16 @@ def test_compiled_loops_in_float32(monkeypatch):
             assert qc.dtype == torch.float32 and qc.shape == qe.shape
             assert (qc - qe).abs().max() < 1e-5 and (pc - pe).abs().max() < 1e-5
     assert calls == [(16, 2, True), (10, 4, False)]
+
+
+def test_energy_defined_system_keeps_the_blocks():
+    """Forces by autograd (energies only) do not trace inside a while_loop: the loop fails once,
+    is recorded, and the blocks run; the states equal eager's."""
+    system = kepler(separable=True, analytic=False)
+    q0, p0 = _batch()
+    with torch.no_grad():
+        qe, pe = tgi.rollout(system, q0, p0, h=0.01, steps=40, save_every=40)
+        qc, pc = tgi.rollout(system, q0, p0, h=0.01, steps=40, save_every=40, compile=True)
+    k = _compile._kernels(tgi.METHODS["verlet"], system)
+    assert k.loop_failed and not k.failed
+    assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12

@@ -37,7 +37,8 @@ core: as much as a whole eager Verlet step on a small batch).  Here (:class:`Com
     B = 64 3.1 against 9.5, B = 1024 17 against 22, B = 4096 on a par (so larger states keep
     the blocks); every state B = 1 2.0 against 8.3, B = 16 2.9 against 6.7, B = 128 15
     against 17, B = 512 on a par.  Not for a time-dependent system that takes t as a float (in
-    the loop t is a tensor): those keep the blocks;
+    the loop t is a tensor) and energy-defined ones (dynamo does not trace their autograd call
+    inside a ``while_loop``: the loop fails once, recorded in ``loop_failed``) keep the blocks;
   - ``saves(n)`` (every state saved: ``run_loop`` asks for the n steps up to the next check
     and hands over their output rows): one call computes K states (``steps(1)`` K times in one
     graph, each returned row-major) and one ``torch.stack(out=)`` writes them into K rows — no
