@@ -362,6 +362,21 @@ def _force_of(cache, q):
     return cache
 
 
+def _steps(eager, q, p, force, t, h, n, keep_all):
+    """What the graphs trace: the eager stepper's n steps from (q, p, force) at t ->
+    (q, p, force, qs, ps); with ``keep_all`` as ``steps(1)`` n times, qs and ps the lists of the
+    n states, each row-major (``contiguous``: the output rows' layout, whatever the graph's),
+    else ``steps(n)`` and empty lists."""
+    if not keep_all:
+        return (*eager.steps(q, p, t, h, n, force), [], [])
+    qs, ps = [], []
+    for j in range(n):
+        q, p, force = eager.steps(q, p, t, h, 1, force, start=j)
+        qs.append(q.contiguous())
+        ps.append(p.contiguous())
+    return q, p, force, qs, ps
+
+
 class _Kernels:
     """The compiled functions of one (integrator, system) pair, shared by its rollouts."""
 
@@ -417,15 +432,9 @@ class _Kernels:
             eager, fsal = self.eager, self.fsal
 
             def steps(q, p, force, t, h):
-                if keep_all:
-                    qs, ps = [], []
-                    for j in range(n):
-                        q, p, force = eager.steps(q, p, t, h, 1, force, start=j)
-                        qs.append(q.contiguous())
-                        ps.append(p.contiguous())
-                    return qs, ps, q, p, (force if fsal else None)
-                q, p, force = eager.steps(q, p, t, h, n, force)
-                return q, p, (force if fsal else None)
+                q, p, force, qs, ps = _steps(eager, q, p, force, t, h, n, keep_all)
+                force = force if fsal else None
+                return (qs, ps, q, p, force) if keep_all else (q, p, force)
 
             fn = self._blocks[(n, keep_all)] = _compile(steps, f"{self._tag}_{n}_{int(keep_all)}")
         return fn
@@ -474,20 +483,14 @@ class _Kernels:
 
                 def body(i, q, p, *rest):
                     tb = t + (i * m).to(t.dtype) * h if timed else t
-                    f = rest[0] if fsal else None
+                    q, p, f, qs, ps = _steps(eager, q, p, rest[0] if fsal else None, tb, h, m,
+                                             keep_all)
+                    bufs = ()
                     if keep_all:
-                        qs, ps = [], []
-                        for j in range(m):
-                            q, p, f = eager.steps(q, p, tb, h, 1, f, start=j)
-                            qs.append(q)
-                            ps.append(p)
                         at = i * m + torch.arange(m, device=q.device)
                         Q, P = rest[-2:]
                         bufs = (Q.index_copy(0, at, torch.stack(qs)),
                                 P.index_copy(0, at, torch.stack(ps)))
-                    else:
-                        q, p, f = eager.steps(q, p, tb, h, m, f)
-                        bufs = ()
                     return (i + 1, q, p) + ((f,) if fsal else ()) + bufs
 
                 i0 = torch.zeros((), dtype=torch.int64, device=q.device)

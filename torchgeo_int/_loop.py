@@ -112,7 +112,7 @@ def run_loop(step, q0, p0, *, system, h, steps, t0, save_every, check_every, cac
             except ConvergenceError as err:
                 raise err.with_step(step_offset + (k if err.step is None else err.step)) from None
             if done is not None:
-                if not bool(torch.stack([torch.isfinite(x).all() for x in done[:2]]).all()):
+                if not _finite(done[:2]):
                     long = None      # from k again, checked (the check below raises)
                     continue
                 q, p, cache = done
@@ -188,9 +188,13 @@ def _check_finite(cur, k, steps, check_every, step_offset, t0, h):
     """At a check (every ``check_every`` steps, and the last step): a FloatingPointError naming
     the stretch of steps in which the state became non-finite."""
     if k % check_every == 0 or k == steps:
-        finite = torch.stack([torch.isfinite(x).all() for x in cur]).all()
-        if not bool(finite):
+        if not _finite(cur):
             a, b = step_offset + (k - 1) // check_every * check_every, step_offset + k
             raise FloatingPointError(
                 f"the rollout became non-finite between step {a} and step {b} "
                 f"(t = {t0 + k * h:g}); reduce h or check the system")
+
+
+def _finite(states) -> bool:
+    """Whether every element of the tensors ``states`` is finite (one host sync)."""
+    return bool(torch.stack([torch.isfinite(x).all() for x in states]).all())

@@ -612,26 +612,18 @@ def _call_floor(args, calls=1000):
 
 
 @contextlib.contextmanager
-def _cpp_wrapper(on):
-    """compile=True's graphs compiled with inductor's C++ wrapper or without it (the library's
-    default is ``torchgeo_int._compile.CPP_WRAPPER``, read when a graph is first compiled)."""
-    old, _compile.CPP_WRAPPER = _compile.CPP_WRAPPER, on
+def _settings(**values):
+    """compile=True's settings in ``torchgeo_int._compile`` (``CPP_WRAPPER``: inductor's C++
+    wrapper or its Python one, read when a graph is first compiled; ``LOOP_MAX_NUMEL``: 0 runs
+    small states as a Python loop over compiled blocks, not compiled loops) for the block."""
+    old = {name: getattr(_compile, name) for name in values}
+    for name, value in values.items():
+        setattr(_compile, name, value)
     try:
         yield
     finally:
-        _compile.CPP_WRAPPER = old
-
-
-@contextlib.contextmanager
-def _loops(on):
-    """compile=True's stretches of small states as compiled loops (the library's default,
-    ``torchgeo_int._compile.LOOP_MAX_NUMEL``) or as a Python loop over compiled blocks."""
-    old = _compile.LOOP_MAX_NUMEL
-    _compile.LOOP_MAX_NUMEL = old if on else 0
-    try:
-        yield
-    finally:
-        _compile.LOOP_MAX_NUMEL = old
+        for name, value in old.items():
+            setattr(_compile, name, value)
 
 
 #: the small section's rows: (C++ wrapper, every state kept, compiled loops); beside each
@@ -647,7 +639,8 @@ def _small_rows(args, steps, rows):
 
         def run(q, p, n, system=system, save=save):
             return tgi.rollout(system, q, p, h=H, steps=n, save_every=save, compile=True)
-        with _cpp_wrapper(wrapper), _loops(loop), torch.no_grad(), warnings_off():
+        loops = _compile.LOOP_MAX_NUMEL if loop else 0
+        with _settings(CPP_WRAPPER=wrapper, LOOP_MAX_NUMEL=loops), torch.no_grad(), warnings_off():
             try:
                 _, first = common.timed(lambda: run(q0, p0, steps))
                 _, s = common.min_time(lambda: run(q0, p0, steps), 2 if args.quick else 7)
