@@ -17,7 +17,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torchgeo_int as tgi  # noqa: E402
-from experiments import demo  # noqa: E402
+from experiments import demo, gpu_check  # noqa: E402
 from experiments.bench import __main__ as bench_main  # noqa: E402
 from experiments.bench import common, gpu, throughput, training_cost, work_precision  # noqa: E402
 from experiments.bench import splitting_wp  # noqa: E402
@@ -130,6 +130,29 @@ def test_gpu_script_runs_on_cpu(tmp_path):
         (d, c) for d in ("float32", "float64") for c in ("hand_verlet", "verlet")}
     for r in rows:
         assert r["max_diff_vs_first"] < (1e-5 if r["dtype"] == "float32" else 1e-12)
+
+
+def test_gpu_check_compares_device_and_cpu_and_reports_a_broken_path(tmp_path, monkeypatch):
+    # On the CPU the "device" is the CPU: every row that runs must agree exactly.
+    out = tmp_path / "gc"
+    code = gpu_check.main(["--device", "cpu", "--out", str(out), "--only", "eager, every state",
+                           "grad=checkpoint", "odeint verlet", "MemoryError"])
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert code == 0 and len(rows) == 4 and all(r["passed"] for r in rows)
+    assert all(r["max_abs_diff"] == 0.0 for r in rows)
+    assert "| rollout verlet eager, every state | yes |" in out.with_suffix(".md").read_text()
+
+    def broken(dev):
+        raise RuntimeError("Expected all tensors to be on the same device")
+
+    def moved(dev):   # a path whose result leaves the device it was asked for
+        return torch.zeros(3, device="meta")
+    monkeypatch.setattr(gpu_check, "CHECKS", [("broken path", broken, 1e-9),
+                                              ("moved result", moved, 1e-9)])
+    code = gpu_check.main(["--device", "cpu", "--out", str(out)])
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert code == 1 and not any(r["passed"] for r in rows)
+    assert "same device" in rows[0]["error"] and "not cpu" in rows[1]["error"]
 
 
 def test_demo_tiny_and_without_the_hnn_part(tmp_path, monkeypatch, capsys):

@@ -13,7 +13,7 @@ shape-dynamic), not once per batch size.  Prints a line per batch size as it goe
 Without CUDA it runs the same code on the CPU at small sizes (batches 1 and 256, --quick: 64)
 so that it is tested; the numbers are then the CPU's.
 
-Writes results/bench/gpu.{md,json,png}.
+Writes results/bench/gpu.{md,json,png}, after every batch size (a run cut short keeps what it measured).
 """
 from __future__ import annotations
 
@@ -27,9 +27,11 @@ GPU_BATCHES = [10 ** 4, 10 ** 5, 10 ** 6, 10 ** 7]
 GPU_QUICK = [10 ** 4, 10 ** 5]
 CPU_BATCHES = [1, 256]
 CPU_QUICK = [64]
-# The GPU table: the eager and compiled forms of ours against the hand loops.
-GPU_CONFIGS = ["hand_verlet", "verlet", "verlet+compile", "hand_yoshida4", "yoshida4",
-               "yoshida4+compile", "hand_midpoint", "implicit_midpoint", "torchdiffeq_rk4"]
+# The GPU table: the eager and compiled forms of ours against the hand loops, final state
+# and every state kept.
+GPU_CONFIGS = ["hand_verlet", "verlet", "verlet+compile", "verlet(save all)",
+               "verlet+compile(save all)", "hand_yoshida4", "yoshida4", "yoshida4+compile",
+               "hand_midpoint", "implicit_midpoint", "implicit_midpoint+compile", "torchdiffeq_rk4"]
 
 
 def main(argv=None):
@@ -50,6 +52,7 @@ def main(argv=None):
         print(f"GPU: {torch.cuda.get_device_name(device)}")
     else:
         print("no CUDA device: running the GPU table on the CPU at small sizes")
+    where = torch.cuda.get_device_name(device) if cuda else "CPU (no CUDA device)"
     rows, t0 = [], time.perf_counter()
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
@@ -68,6 +71,15 @@ def main(argv=None):
             best = max(part, key=lambda r: r["throughput"])
             print(f"{dtype_name} batch {b}: best {best['config']} {best['throughput']:.3g} "
                   f"steps·traj/s ({time.perf_counter() - t0:.0f} s so far)", flush=True)
+            _write(rows, args, out, where, cuda, time.perf_counter() - t0)
+    md, md_r = _write(rows, args, out, where, cuda, time.perf_counter() - t0)
+    print(md + "\n\n" + md_r)
+    print(f"wrote {out / 'gpu.md'}")
+    return rows
+
+
+def _write(rows, args, out, where, cuda, seconds):
+    """The tables so far (written after every batch size, so a run cut short keeps them)."""
     ratios = []
     for dtype_name in args.dtypes:
         for r in throughput.ratio_rows([x for x in rows if x["dtype"] == dtype_name]):
@@ -77,16 +89,13 @@ def main(argv=None):
     md = common.markdown_table(rows, cols)
     md_r = common.markdown_table(ratios, [("dtype", "dtype"), ("batch", "batch"), ("ratio", "time ratio"),
                                           ("value", "value"), ("goal", "goal ≤"), ("meets", "meets")])
-    print(md + "\n\n" + md_r)
-    where = torch.cuda.get_device_name(device) if cuda else "CPU (no CUDA device)"
     setup = (f"Kepler e = 0.6 (±2 %), h = {throughput.H}, {where}, no autograd, best of "
-             f"{args.repeats}; {time.perf_counter() - t0:.0f} s in all")
+             f"{args.repeats}; {seconds:.0f} s in all")
     plot_rows = [dict(r, config=f"{r['config']} {r['dtype']}") for r in rows]
     throughput.plot(plot_rows, out / "gpu.png", f"Kepler throughput, {where}")
     common.write(out, "gpu", "GPU throughput", [("Setup", setup), ("Throughput", md + "\n\n![gpu](gpu.png)"),
                                                 ("Ratios", md_r)], dict(setup=setup, rows=rows, ratios=ratios))
-    print(f"wrote {out / 'gpu.md'}")
-    return rows
+    return md, md_r
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ for ≈ 1e-12).  Wall-clock numbers depend on the machine's load.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
@@ -61,6 +62,7 @@ def main(argv=None):
     if arm is None:
         ap.error(f"unknown arm {a.arm!r}; known: {', '.join(x.key for x in make_arms(task))}")
     loss_fn, data = loss_and_data(arm, task.to(dtype), substeps=cfg["substeps"])
+    data = tuple(t.to(info.device) for t in data)   # batches on the model's device (cuda: LOCAL_RANK)
     n = data[0].shape[0]
     steps = a.steps if a.steps is not None else budget["steps"]
     batch = a.batch if a.batch is not None else budget["batch"]
@@ -92,11 +94,12 @@ def main(argv=None):
     out = {"config": {**vars(a), "world_size": W, "backend": info.backend, "global_batch": batch,
                       "local_batch": batch // W, "samples": n, "steps": steps},
            "train_seconds": seconds, "final_loss": hist["loss"][-1]}
-    metrics, _ = evaluate(model, arm, task, substeps=cfg["substeps"])
+    # evaluated on the CPU, where the task's test data lives (the model may be on a GPU)
+    metrics, _ = evaluate(copy.deepcopy(model).cpu(), arm, task, substeps=cfg["substeps"])
     out["metrics"] = metrics
     if a.check:
         ref = fresh_model()
-        ref_data = tuple(t.to(info.device) for t in data)
+        ref_data = data
         t1 = time.perf_counter()
         ref_hist = fit(ref, loss_fn, ref_data, batch_size=batch, progress=True,
                        desc=f"{a.task}, {arm.label}, 1 process", **opts)
