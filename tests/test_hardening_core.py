@@ -246,3 +246,26 @@ def test_partitioned_odeint_calls_func_directly_and_matches_a_hand_loop(monkeypa
     got = (ys[-1, :, :2], ys[-1, :, 2:]) if flat is True else (ys[0][-1], ys[1][-1])
     torch.testing.assert_close(got[0], q, rtol=0, atol=1e-15)
     torch.testing.assert_close(got[1], p, rtol=0, atol=1e-15)
+
+
+def test_a_model_on_another_device_or_dtype_than_the_data_is_named_before_a_step():
+    # Found on the GPU: a model moved to cuda with the batches left on the CPU failed inside
+    # F.linear ("Expected all tensors to be on the same device"); the meta device stands in here.
+    torch.manual_seed(0)
+    q, p = torch.randn(4, 1, dtype=torch.float64), torch.randn(4, 1, dtype=torch.float64)
+    on_meta = tgi.nn.SeparableHNN(1, width=8).double().to("meta")
+    with pytest.raises(ValueError, match=r"parameters are on meta but q0 is on cpu.*\.to\("):
+        tgi.rollout(on_meta, q, p, h=0.1, steps=3)
+    with pytest.raises(ValueError, match="parameters are on meta"):
+        tgi.nn.rollout_loss(on_meta, torch.randn(3, 4, 1, dtype=torch.float64),
+                            torch.randn(3, 4, 1, dtype=torch.float64), dt=0.1, layout="time_first")
+    with pytest.raises(ValueError, match="parameters are on meta"):
+        tgi.adaptive_rollout(on_meta, q, p, eps=0.1, steps=3, control=lambda q: 1.0 + 0 * q[..., 0])
+    single = tgi.nn.SeparableHNN(1, width=8).float()  # float32 parameters, float64 data
+    with pytest.raises(TypeError, match=r"parameters are torch.float32 but q0 is torch.float64"):
+        tgi.rollout(single, q, p, h=0.1, steps=3)
+    with pytest.raises(TypeError, match=r"parameters are torch.float32"):
+        tgi.rollout(tgi.nn.MLPVectorField(1, width=8).float(), q, p, h=0.1, steps=3, method="implicit_midpoint")
+    # matching placement runs; closed-form systems (no parameters) are not looked at
+    qs, _ = tgi.rollout(single.double(), q, p, h=0.1, steps=3)
+    assert qs.shape == (4, 4, 1) and torch.isfinite(qs).all()

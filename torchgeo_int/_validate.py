@@ -30,6 +30,24 @@ def check_pair(a, b, names: tuple[str, str]) -> None:
         raise ValueError(f"{names[0]} and {names[1]} are on different devices: {a.device} and {b.device}")
 
 
+def check_placement(system, x: torch.Tensor, name: str = "q0") -> None:
+    """A system with parameters (a learned Hamiltonian, an ``nn.Module``) must sit on the state's
+    device and, for floating parameters, in its dtype: otherwise the first force call fails
+    deep inside the network (``Expected all tensors to be on the same device``, ``mat1 and mat2
+    must have the same dtype``).  One parameter is looked at: a module is moved whole."""
+    if not isinstance(system, torch.nn.Module):
+        return
+    w = next(system.parameters(), None)
+    if w is None:
+        return
+    if w.device != x.device:
+        raise ValueError(f"the system's parameters are on {w.device} but {name} is on {x.device}: "
+                         f"move the data (.to('{w.device}')) or the model (.to('{x.device}'))")
+    if w.is_floating_point() and x.is_floating_point() and w.dtype != x.dtype:
+        raise TypeError(f"the system's parameters are {w.dtype} but {name} is {x.dtype}: convert "
+                        f"the data (.to({w.dtype})) or the model (.to({x.dtype}))")
+
+
 def check_finite(x: torch.Tensor, name: str) -> None:
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} contains NaN or inf")

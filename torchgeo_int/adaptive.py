@@ -76,7 +76,7 @@ from typing import Callable
 
 import torch
 
-from ._validate import check_finite, check_pair
+from ._validate import check_finite, check_pair, check_placement
 from .integrators import METHODS, TABLES, Composition, get_method
 from .gradients import SegmentFunction, check_reconstruction, reverse_sweep
 from .integrators.base import explicit_splitting
@@ -345,10 +345,11 @@ class AdaptiveTrajectory:
 
 
 # -- reversible variable steps ----------------------------------------------------------------------
-def _check_state(q0, p0, state_dims):
+def _check_state(system, q0, p0, state_dims):
     check_pair(q0, p0, ("q0", "p0"))
     check_finite(q0, "q0")
     check_finite(p0, "p0")
+    check_placement(system, q0)
     if isinstance(state_dims, bool) or not isinstance(state_dims, int) or not 1 <= state_dims <= q0.dim():
         raise ValueError(f"state_dims must be an int in [1, q0.dim() = {q0.dim()}], got {state_dims!r}")
     return q0.shape[:q0.dim() - state_dims]
@@ -597,7 +598,7 @@ def adaptive_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, control: Ste
             f"suzuki4, ..., implicit_midpoint and its compositions): {integrator.name!r} is not "
             f"symmetric (its −h step does not invert it), so the variable-step map would not be "
             f"time-reversible")
-    batch = _check_state(q0, p0, state_dims)
+    batch = _check_state(system, q0, p0, state_dims)
     eps = float(eps)
     if not (math.isfinite(eps) and eps != 0.0):
         raise ValueError(f"eps must be a finite nonzero fictive step, got {eps}")
@@ -808,7 +809,7 @@ def time_transformed_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, step
     in physical time with H's field)."""
     from .rollout import rollout
     system = _as_system(system)
-    batch = _check_state(q0, p0, state_dims)
+    batch = _check_state(system, q0, p0, state_dims)
     state_shape = q0.shape[q0.dim() - state_dims:]
     if transform == "logh":
         K = LogHamiltonian(system, state_shape=state_shape)

@@ -13,7 +13,7 @@ import torch
 
 from ._loop import n_saved, progress_bar
 from ._loop import run_loop  # noqa: F401  (its historical home: tests and experiments import it here)
-from ._validate import check_finite, check_int, check_pair, check_tensor
+from ._validate import check_finite, check_int, check_pair, check_placement, check_tensor
 from .integrators import get_method
 from .solve import grad_mode, solve
 from .systems import Hamiltonian, System
@@ -93,6 +93,7 @@ def rollout(system, q0: torch.Tensor, p0: torch.Tensor | None = None, *, h: floa
         check_finite(p0, "p0")
         if integrator.first_order:
             raise ValueError(f"{integrator.name!r} integrates first-order systems: call rollout(system, x0)")
+    check_placement(system, q0, "x0" if first_order else "q0")
     check_int(steps, "steps", 0)
     check_int(save_every, "save_every", 1)
     check_int(check_every, "check_every", 1)
