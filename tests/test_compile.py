@@ -546,6 +546,14 @@ def test_inductor_options_by_device(monkeypatch):
     assert _compile._inductor_options("cpu", small).get("cpp_wrapper") is True
     assert "cpp_wrapper" not in _compile._inductor_options("cpu", large)
     assert "cpp_wrapper" not in _compile._inductor_options("cuda", small)
+    # the realize threshold on the CPU only, whichever name this torch gives it: on a GPU it
+    # split a Kepler step into 2.2 Triton kernels (README, "On a GPU")
+    realize = [k for k in _compile._inductor_options("cpu", large) if k.startswith("realize")]
+    assert len(realize) == 1 and _compile._inductor_options("cpu", large)[realize[0]] == _compile.REALIZE_OPCOUNT
+    import torch._inductor.config as config
+    monkeypatch.delattr(config, "realize_cpu_opcount_threshold", raising=False)   # torch < 2.13
+    assert "realize_opcount_threshold" in _compile._inductor_options("cpu", large)
+    assert not any(k.startswith("realize") for k in _compile._inductor_options("cuda", small))
     monkeypatch.setattr(_compile, "CPP_WRAPPER", False)
     assert "cpp_wrapper" not in _compile._inductor_options("cpu", small)
     assert _compile._device_type((None, [torch.zeros(1)], 1.0)) == "cpu"

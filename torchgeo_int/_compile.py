@@ -230,8 +230,13 @@ def _inductor_options(device_type="cpu", numel=0):
     import torch._inductor.config as config   # imported by torch.compile anyway; not at our import
 
     opts = {}
+    # On the CPU only.  On a GPU a stored intermediate is a kernel of its own when its size
+    # differs from its consumer's (|q|, one per trajectory, before a kick over the coordinates):
+    # with 10 (torch < 2.13 applied it to every device) an H200 ran 2.2 Triton kernels a Kepler
+    # step, 255 µs a step at B = 10⁷ in float64, where torch.compile's defaults gave a hand-written
+    # 16-step loop one kernel a step, 137 µs (README, "On a GPU").
     for name in ("realize_cpu_opcount_threshold", "realize_opcount_threshold"):
-        if hasattr(config, name):
+        if device_type == "cpu" and hasattr(config, name):
             opts[name] = REALIZE_OPCOUNT
             break
     if device_type == "cpu" and CPP_WRAPPER and numel <= CPP_WRAPPER_MAX_NUMEL:
