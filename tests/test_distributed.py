@@ -205,6 +205,22 @@ def test_single_process_sharded_rollout_and_wrap_are_pass_through():
     assert out["world_size"] == 1 and out["local_batch"] == 5 and out["throughput"] > 0
     model = _model(HNN)
     assert wrap(model, derivative_loss) == (model, derivative_loss)
+    assert wrap(model, derivative_loss, device="cpu") == (model, derivative_loss)
+    # one process on a GPU (torchrun --nproc_per_node=1): the CPU batches are moved to the
+    # model's device, as DDP moves them with several (the meta device stands in for cuda here;
+    # the GPU run met the CPU batch inside the network)
+    seen = []
+
+    def loss_fn(m, q, p, scale):
+        seen.append((q.device.type, p.device.type, scale))
+        return (q * p).sum() * scale
+    on_meta = _model(HNN).to("meta")
+    module, loss = wrap(on_meta, loss_fn)
+    assert module is on_meta
+    loss(module, torch.ones(3, 1), torch.ones(3, 1), 2.0)
+    module, loss = wrap(model, loss_fn, device="meta")
+    loss(module, torch.ones(3, 1), torch.ones(3, 1), 3.0)
+    assert seen == [("meta", "meta", 2.0), ("meta", "meta", 3.0)]
     obj = Objective(model, derivative_loss)
     assert obj.state_dict().keys() == model.state_dict().keys()
 

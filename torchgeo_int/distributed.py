@@ -165,17 +165,39 @@ def _call(module, *batch):
     return module(*batch)
 
 
+def _device_of(model: nn.Module):
+    w = next(model.parameters(), None)
+    return None if w is None else w.device
+
+
+class _OnDevice:
+    """``loss_fn(model, *batch)`` with the batch's tensors moved to ``device`` first."""
+
+    def __init__(self, loss_fn, device):
+        self.loss_fn, self.device = loss_fn, device
+
+    def __call__(self, model, *batch):
+        return self.loss_fn(model, *(b.to(self.device, non_blocking=True) if isinstance(b, Tensor)
+                                     else b for b in batch))
+
+
 def wrap(model: nn.Module, loss_fn: Callable[..., Tensor], *, device=None,
          **ddp_options) -> tuple[nn.Module, Callable[..., Tensor]]:
     """``(module, loss)`` to hand to ``fit(module, loss, loader, ...)``.
 
     In a process group of more than one process, ``module`` is
     ``DistributedDataParallel(Objective(model, loss_fn))`` (``device_ids=[device]`` on CUDA;
-    ``ddp_options`` go to DDP) and ``loss(module, *batch)`` calls it; otherwise the model and
-    loss are returned as they are.  The parameters are those of ``model`` (DDP broadcasts
+    ``ddp_options`` go to DDP) and ``loss(module, *batch)`` calls it; otherwise the model is
+    returned as it is, with ``loss_fn`` itself on the CPU and, on another device (``device``,
+    else the model's), a loss that moves the batch there first, as DDP does.  The parameters are those of ``model`` (DDP broadcasts
     rank 0's at construction), so ``model`` is the trained model afterwards on every rank."""
     if get_world_size() == 1:
-        return model, loss_fn
+        # One process (torchrun with one GPU too): the model as it is, and the batches moved to
+        # its device as DDP moves them (loaders yield CPU tensors); on the CPU the loss as it is.
+        dev = torch.device(device) if device is not None else _device_of(model)
+        if dev is None or dev.type == "cpu":
+            return model, loss_fn
+        return model, _OnDevice(loss_fn, dev)
     obj = Objective(model, loss_fn, device=device)
     dev = torch.device(device) if device is not None else next(model.parameters()).device
     if dev.type == "cuda":
