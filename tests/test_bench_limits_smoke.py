@@ -147,9 +147,11 @@ def test_limits_call_floor_is_one_compiled_call(monkeypatch):
 def test_limits_small_rows_time_the_compiled_loop(monkeypatch):
     """The small section's final-state row runs the compiled loop (its failure would be an error
     in the row, not a silent fallback to blocks), and says which way it ran."""
-    monkeypatch.setattr(limits, "SMALL_ROWS", [(True, False, True)])
+    monkeypatch.setattr(limits, "SMALL_ROWS", [(True, False, True), (True, False, True, True)])
     rows = []
     limits._small_rows(argparse.Namespace(quick=True), 32, rows)
-    (row,) = rows
-    assert row["how"] == "compiled loops" and row["states"] == "final"
-    assert row["error"] is None and row["us_per_step"] > 0 and row["first_call_s"] > 0
+    for row, system in zip(rows, ("closed form", "energies")):   # energies: loops too
+        assert row["how"] == "compiled loops" and row["states"] == "final"
+        assert row["system"] == system
+        assert row["error"] is None and row["us_per_step"] > 0 and row["first_call_s"] > 0
+    assert len(rows) == 2

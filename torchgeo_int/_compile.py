@@ -224,6 +224,17 @@ REALIZE_OPCOUNT = 10
 #: is first compiled; ``CPP_WRAPPER = False`` turns it off (``experiments.bench.limits``).
 CPP_WRAPPER = True
 CPP_WRAPPER_MAX_NUMEL = 256
+#: inductor's pattern rewrites of the graphs compiled here (``pattern_matcher``), off: one of
+#: them (torch 2.13, post-grad ``addmm``) turns ``torch.add(x, mm(u, v), alpha=a)`` into
+#: ``addmm(x, u, v)`` and drops a.  A kick or drift is such an add (``torch.add(p, force,
+#: alpha=a·h)``, one fused kernel eagerly) and the gradient of an MLP ends in a matrix product,
+#: so every compiled SeparableHNN rollout came out wrong from its second step (0.39 after two
+#: Verlet steps; implicit midpoint's fixed point did not converge; a loss through compiled steps
+#: 0.70 off, with wrong gradients).  Off, the Kepler blocks and loops and the implicit-midpoint
+#: blocks ran as fast as with it (side by side, 2026-12-04, CPU); writing the adds as x + (a·y)
+#: in traced code instead kept the rewrite away but stored more intermediates (every-state loop
+#: at B = 1: 1.3–1.8 → 2.5 µs a step).  On a GPU: not measured.
+PATTERN_MATCHER = False
 
 
 def _inductor_options(device_type="cpu", numel=0):
@@ -239,6 +250,8 @@ def _inductor_options(device_type="cpu", numel=0):
         if device_type == "cpu" and hasattr(config, name):
             opts[name] = REALIZE_OPCOUNT
             break
+    if not PATTERN_MATCHER:
+        opts["pattern_matcher"] = False
     if device_type == "cpu" and CPP_WRAPPER and numel <= CPP_WRAPPER_MAX_NUMEL:
         opts["cpp_wrapper"] = True
     return opts
@@ -419,6 +432,7 @@ class _Kernels:
         self.fixed_m = 0              # the most iterations a checked step has needed
         self.fixed_failed = None      # why a block of implicit steps failed to compile
         self.loop_failed = None       # why the compiled loop failed; then blocks (long_steps)
+        self._loop_stepper = None
 
     def time(self, t, like):
         """t as the graphs take it: a 0-d tensor like ``like`` for a tensor-time system."""
@@ -467,6 +481,17 @@ class _Kernels:
                                for x in (q, p, force))
         return _budgeted(self.ready, fn, q, p, force, t, h)
 
+    def loop_stepper(self):
+        """The eager stepper the loops trace: the pair's own, or for a system whose forces come
+        by autograd (which does not trace inside a ``while_loop``) its twin with them by
+        ``torch.func.grad`` (:meth:`~torchgeo_int.systems.SeparableHamiltonian.traceable`: an
+        energy-defined system, an HNN), bound once."""
+        if self._loop_stepper is None:
+            twin = getattr(self.system, "traceable", lambda: None)()
+            self._loop_stepper = (self.eager if twin is None or twin is self.system
+                                  else self.integrator.bind(twin))
+        return self._loop_stepper
+
     def loop(self, m, keep_all=False):
         """The compiled loop of m-step blocks (``torch._higher_order_ops.while_loop``):
         (n, q, p, force, t, h) -> (q, p, force) after n (a 0-d int64 tensor) blocks of the eager
@@ -480,7 +505,7 @@ class _Kernels:
         fn = self._blocks.get(("loop", m, keep_all))
         if fn is None:
             from torch._higher_order_ops.while_loop import while_loop   # torch >= 2.4
-            eager, fsal, timed = self.eager, self.fsal, self.time_dependent
+            eager, fsal, timed = self.loop_stepper(), self.fsal, self.time_dependent
 
             def steps(n, q, p, force, t, h, *rows):
                 def cond(i, q, p, *rest):
@@ -882,7 +907,7 @@ class CompiledStep(Stepper):
         if ("loop", m, keep) not in k._blocks:
             # one eager step first, discarded: the system's once-only output checks (a flag set
             # at the first call) run outside the loop, whose body may not change outer state
-            self.eager.steps(q, p, t0, h, 1, force, start=start)
+            k.loop_stepper().steps(q, p, t0, h, 1, force, start=start)
         bufs = (torch.empty((per * m, *q.shape), dtype=q.dtype, device=q.device),
                 torch.empty((per * m, *p.shape), dtype=p.dtype, device=p.device)) if keep else ()
         j = 0

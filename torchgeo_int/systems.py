@@ -298,6 +298,25 @@ class SeparableHamiltonian(Hamiltonian):
                else (lambda q: grad_of(V, (q,), "the potential", V)[0]))
         return vel, pot
 
+    def traceable(self):
+        r"""This system with ∂T/∂p and ∂V/∂q taken by ``torch.func.grad`` (∇ of the batch sum:
+        samples are independent) where they come by autograd, for graphs that cannot trace
+        ``torch.autograd.grad`` (the body of a compiled ``while_loop``); ``self`` when both are
+        closed-form; ``None`` where the halves are not this class's (a time-dependent system, a
+        subclass with its own ``velocity`` or ``force_term``).  For steps without a graph: the
+        gradients carry none to the parameters."""
+        if self.halves() is None:
+            return None
+        if self.kinetic_grad is not None and self.potential_grad is not None:
+            return self
+        T, V = self.kinetic, self.potential
+        return SeparableHamiltonian(
+            T, V, time_dependent=False,
+            kinetic_grad=(self.kinetic_grad if self.kinetic_grad is not None
+                          else torch.func.grad(lambda p: T(p).sum())),
+            potential_grad=(self.potential_grad if self.potential_grad is not None
+                            else torch.func.grad(lambda q: V(q).sum())))
+
     def gradients(self, q, p, t=0.0):
         return self.force_term(q, t), self.velocity(p, t)
 

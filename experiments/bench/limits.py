@@ -46,7 +46,8 @@ Sections besides the table (``--sections``):
   Python wrapper and with its C++ wrapper (``cpp_wrapper``, the library's default on the CPU:
   ``torchgeo_int._compile.CPP_WRAPPER``), final state only and every state kept, as compiled
   loops (the default for small states, ``torchgeo_int._compile.LOOP_MAX_NUMEL``) and as the
-  Python loop over compiled blocks they replace.
+  Python loop over compiled blocks they replace; the final-state pair again with Kepler given
+  by its energies (forces by autograd; in the loops by ``torch.func.grad``).
 
 Writes results/bench/limits.{md,json}.  ns / step·traj = time / (steps × batch).
 """
@@ -626,15 +627,19 @@ def _settings(**values):
             setattr(_compile, name, value)
 
 
-#: the small section's rows: (C++ wrapper, every state kept, compiled loops); beside each
-#: loop row with the C++ wrapper (the default) the blocks the loops replace
+#: the small section's rows: (C++ wrapper, every state kept, compiled loops[, Kepler from its
+#: energies]); beside each loop row with the C++ wrapper (the default) the blocks the loops replace
 SMALL_ROWS = [(False, False, True), (True, False, True), (True, False, False),
-              (True, True, True), (True, True, False)]
+              (True, True, True), (True, True, False),
+              (True, False, True, True), (True, False, False, True)]
 
 
 def _small_rows(args, steps, rows):
-    for wrapper, every, loop in SMALL_ROWS:
+    for wrapper, every, loop, *energies in SMALL_ROWS:
         system, q0, p0 = kepler_batch(1)
+        energies = bool(energies and energies[0])
+        if energies:    # ∂T/∂p and ∂V/∂q by autograd (the loops: by torch.func.grad)
+            system = energy_kepler()
         save = 1 if every else steps
 
         def run(q, p, n, system=system, save=save):
@@ -653,7 +658,8 @@ def _small_rows(args, steps, rows):
             except Exception as e:  # noqa: BLE001 — report (e.g. no C++ compiler for the wrapper)
                 first = s = math.nan
                 err = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        rows.append(dict(cpp_wrapper=wrapper, states="every" if every else "final",
+        rows.append(dict(system="energies" if energies else "closed form", cpp_wrapper=wrapper,
+                         states="every" if every else "final",
                          how="compiled loops" if loop else "blocks",
                          us_per_step=1e6 * s / steps, first_call_s=first, error=err))
 
@@ -746,7 +752,8 @@ def main(argv=None):
         data["small"] = dict(steps=steps, rows=rows)
         md = (f"Kepler, B = 1, {steps} Verlet steps, `rollout(compile=True)`, no_grad; "
               "first call = compile + one run.\n\n" + common.markdown_table(rows, [
-                  ("cpp_wrapper", "inductor cpp_wrapper"), ("states", "states kept"),
+                  ("system", "Kepler's forces"), ("cpp_wrapper", "inductor cpp_wrapper"),
+                  ("states", "states kept"),
                   ("how", "steps run as"), ("us_per_step", "µs / step"), ("first_call_s", "first call s"), ("error", "error")]))
         sections.append(("Small batch, compiled", md))
         print(md)
