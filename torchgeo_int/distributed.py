@@ -189,8 +189,9 @@ def wrap(model: nn.Module, loss_fn: Callable[..., Tensor], *, device=None,
     ``DistributedDataParallel(Objective(model, loss_fn))`` (``device_ids=[device]`` on CUDA;
     ``ddp_options`` go to DDP) and ``loss(module, *batch)`` calls it; otherwise the model is
     returned as it is, with ``loss_fn`` itself on the CPU and, on another device (``device``,
-    else the model's), a loss that moves the batch there first, as DDP does.  The parameters are those of ``model`` (DDP broadcasts
-    rank 0's at construction), so ``model`` is the trained model afterwards on every rank."""
+    else the model's), a loss that moves the batch there first, as DDP does.  The parameters
+    are those of ``model`` (DDP broadcasts rank 0's at construction), so ``model`` is the
+    trained model afterwards on every rank."""
     if get_world_size() == 1:
         # One process (torchrun with one GPU too): the model as it is, and the batches moved to
         # its device as DDP moves them (loaders yield CPU tensors); on the CPU the loss as it is.
