@@ -256,9 +256,14 @@ def test_a_model_on_another_device_or_dtype_than_the_data_is_named_before_a_step
     on_meta = tgi.nn.SeparableHNN(1, width=8).double().to("meta")
     with pytest.raises(ValueError, match=r"parameters are on meta but q0 is on cpu.*\.to\("):
         tgi.rollout(on_meta, q, p, h=0.1, steps=3)
-    with pytest.raises(ValueError, match="parameters are on meta"):
-        tgi.nn.rollout_loss(on_meta, torch.randn(3, 4, 1, dtype=torch.float64),
-                            torch.randn(3, 4, 1, dtype=torch.float64), dt=0.1, layout="time_first")
+    w = torch.randn(4, 3, 1, dtype=torch.float64)    # windows (N, k + 1, n)
+    for loss in (lambda m: tgi.nn.rollout_loss(m, w, w, dt=0.1),
+                 lambda m: tgi.nn.residual_loss(m, w, w, dt=0.1),
+                 lambda m: tgi.nn.derivative_loss(m, w, w, w, w)):
+        with pytest.raises(ValueError, match="parameters are on meta but q is on cpu"):
+            loss(on_meta)
+        with pytest.raises(TypeError, match="parameters are torch.float32 but q is torch.float64"):
+            loss(tgi.nn.SeparableHNN(1, width=8).float())
     with pytest.raises(ValueError, match="parameters are on meta"):
         tgi.adaptive_rollout(on_meta, q, p, eps=0.1, steps=3, control=lambda q: 1.0 + 0 * q[..., 0])
     single = tgi.nn.SeparableHNN(1, width=8).float()  # float32 parameters, float64 data

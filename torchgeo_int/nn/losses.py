@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .._validate import check_finite, check_nonzero
+from .._validate import check_finite, check_nonzero, check_placement
 from ..lifts import CotangentLift
 from ..maps import DiscretizationMap, MidpointMap
 from ..rollout import as_system, rollout
@@ -143,6 +143,7 @@ def rollout_loss(model, q: Tensor, p: Tensor, *, dt: float, method="verlet", sub
     if isinstance(substeps, bool) or not isinstance(substeps, int) or substeps < 1:
         raise ValueError(f"substeps must be an int >= 1, got {substeps!r}")
     check_data(q, p, names=("q", "p"), ndim=3, min_len=2)
+    check_placement(system, q, "q")
     k = q.shape[1] - 1
     qs, ps = rollout(system, q[:, 0], p[:, 0], h=dt / substeps, steps=k * substeps,
                      method=method, save_every=substeps, **rollout_options)
@@ -184,6 +185,7 @@ def residual_loss(model, q: Tensor, p: Tensor, *, dt: float, R: DiscretizationMa
     system = as_system(model)
     _autonomous(system)
     dt, R, n, base, tangent = map_pairs(q, p, dt, R)
+    check_placement(system, q, "q")
     # the base point's time is t + αh; the model is autonomous, so any t will do
     dq, dp = system.vector_field(base[..., :n], base[..., n:], 0.0)
     r = tangent - dt * torch.cat([dq, dp], -1)
@@ -196,6 +198,7 @@ def derivative_loss(model, q: Tensor, p: Tensor, dq: Tensor, dp: Tensor) -> Tens
     ``(..., n)`` (any leading dims) — the HNN paper's L2 loss on the time derivatives."""
     system = as_system(model)
     check_data(q, p, dq, dp, names=("q", "p", "dq", "dp"))
+    check_placement(system, q, "q")
     fq, fp = system.vector_field(q, p, 0.0)
     eq, ep = fq - dq, fp - dp
     return 0.5 * ((eq * eq).mean() + (ep * ep).mean())
