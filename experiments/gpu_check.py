@@ -37,23 +37,15 @@ import torch
 import torchgeo_int as tgi
 from torchgeo_int import nn as tnn
 
+from experiments.bench.limits import energy_kepler
+from experiments.rollout_sharded import initial_conditions, kepler
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def kepler(closed_form=True):
-    if closed_form:
-        return tgi.SeparableHamiltonian(
-            lambda p: 0.5 * (p * p).sum(-1), lambda q: -1.0 / q.norm(dim=-1),
-            kinetic_grad=lambda p: p, potential_grad=lambda q: q / q.norm(dim=-1, keepdim=True) ** 3)
-    return tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: -1.0 / q.norm(dim=-1))
-
-
-def kepler_states(B, dtype=torch.float64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    e = 0.1 + 0.6 * torch.rand(B, generator=g, dtype=torch.float64)
-    q0 = torch.stack([1 - e, torch.zeros_like(e)], -1)
-    p0 = torch.stack([torch.zeros_like(e), ((1 + e) / (1 - e)).sqrt()], -1)
-    return q0.to(dtype), p0.to(dtype)
+def kepler_states(B, dtype=torch.float64):
+    """Kepler orbits with eccentricities uniform in [0.1, 0.7] (the sharded rollout's)."""
+    return initial_conditions(B, 0, dtype)
 
 
 def nonseparable():
@@ -175,8 +167,8 @@ CHECKS = [   # name, run(device) -> tensor or tuple of tensors, tolerance, CPU r
     ("rollout verlet eager, every state", _rollout(kepler()), 1e-9),
     ("rollout verlet compile=True", _rollout(kepler(), compile=True), 1e-9),
     ("rollout verlet compile=True float32", _rollout(kepler(), dtype=torch.float32, compile=True), 1e-3),
-    ("rollout verlet, energy-defined (autograd forces)", _rollout(kepler(False)), 1e-9),
-    ("rollout verlet, energy-defined, compile=True", _rollout(kepler(False), compile=True), 1e-9),
+    ("rollout verlet, energy-defined (autograd forces)", _rollout(energy_kepler()), 1e-9),
+    ("rollout verlet, energy-defined, compile=True", _rollout(energy_kepler(), compile=True), 1e-9),
     ("rollout yoshida4 compile=True", _rollout(kepler(), method="yoshida4", compile=True), 1e-9),
     ("rollout implicit_midpoint, non-separable", _rollout(nonseparable(), method="implicit_midpoint",
                                                           steps=100), 1e-9),

@@ -150,8 +150,7 @@ class Objective(nn.Module):
 
     def forward(self, *batch):
         if self.device is not None:
-            batch = tuple(b.to(self.device, non_blocking=True) if isinstance(b, Tensor) else b
-                          for b in batch)
+            batch = _to_device(batch, self.device)
         return self.loss_fn(self.model, *batch)
 
     def state_dict(self, *args, **kwargs):
@@ -165,9 +164,9 @@ def _call(module, *batch):
     return module(*batch)
 
 
-def _device_of(model: nn.Module):
-    w = next(model.parameters(), None)
-    return None if w is None else w.device
+def _to_device(batch, device):
+    """The batch's tensors moved to ``device`` (data loaders yield CPU tensors)."""
+    return tuple(b.to(device, non_blocking=True) if isinstance(b, Tensor) else b for b in batch)
 
 
 class _OnDevice:
@@ -177,8 +176,7 @@ class _OnDevice:
         self.loss_fn, self.device = loss_fn, device
 
     def __call__(self, model, *batch):
-        return self.loss_fn(model, *(b.to(self.device, non_blocking=True) if isinstance(b, Tensor)
-                                     else b for b in batch))
+        return self.loss_fn(model, *_to_device(batch, self.device))
 
 
 def wrap(model: nn.Module, loss_fn: Callable[..., Tensor], *, device=None,
@@ -192,15 +190,15 @@ def wrap(model: nn.Module, loss_fn: Callable[..., Tensor], *, device=None,
     else the model's), a loss that moves the batch there first, as DDP does.  The parameters
     are those of ``model`` (DDP broadcasts rank 0's at construction), so ``model`` is the
     trained model afterwards on every rank."""
+    w = next(model.parameters(), None)
+    dev = torch.device(device) if device is not None else (None if w is None else w.device)
     if get_world_size() == 1:
         # One process (torchrun with one GPU too): the model as it is, and the batches moved to
-        # its device as DDP moves them (loaders yield CPU tensors); on the CPU the loss as it is.
-        dev = torch.device(device) if device is not None else _device_of(model)
+        # its device as DDP moves them; on the CPU the loss as it is.
         if dev is None or dev.type == "cpu":
             return model, loss_fn
         return model, _OnDevice(loss_fn, dev)
     obj = Objective(model, loss_fn, device=device)
-    dev = torch.device(device) if device is not None else next(model.parameters()).device
     if dev.type == "cuda":
         ddp_options.setdefault("device_ids", [dev])
     return nn.parallel.DistributedDataParallel(obj, **ddp_options), _call

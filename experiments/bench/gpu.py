@@ -53,7 +53,7 @@ def main(argv=None):
     else:
         print("no CUDA device: running the GPU table on the CPU at small sizes")
     where = torch.cuda.get_device_name(device) if cuda else "CPU (no CUDA device)"
-    rows, t0 = [], time.perf_counter()
+    rows, t0, md, md_r = [], time.perf_counter(), "", ""
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
         shared, _, _ = throughput.kepler_batch(1, dtype=dtype, device=device)
@@ -71,8 +71,9 @@ def main(argv=None):
             best = max(part, key=lambda r: r["throughput"])
             print(f"{dtype_name} batch {b}: best {best['config']} {best['throughput']:.3g} "
                   f"steps·traj/s ({time.perf_counter() - t0:.0f} s so far)", flush=True)
-            _write(rows, args, out, where, cuda, time.perf_counter() - t0)
-    md, md_r = _write(rows, args, out, where, cuda, time.perf_counter() - t0)
+            md, md_r = _write(rows, args, out, where, cuda, time.perf_counter() - t0)
+    if not rows:   # every batch size out of memory: the (empty) report all the same
+        md, md_r = _write(rows, args, out, where, cuda, time.perf_counter() - t0)
     print(md + "\n\n" + md_r)
     print(f"wrote {out / 'gpu.md'}")
     return rows

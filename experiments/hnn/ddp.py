@@ -99,9 +99,8 @@ def main(argv=None):
     out["metrics"] = metrics
     if a.check:
         ref = fresh_model()
-        ref_data = data
         t1 = time.perf_counter()
-        ref_hist = fit(ref, loss_fn, ref_data, batch_size=batch, progress=True,
+        ref_hist = fit(ref, loss_fn, data, batch_size=batch, progress=True,
                        desc=f"{a.task}, {arm.label}, 1 process", **opts)
         out["single_process_seconds"] = time.perf_counter() - t1
         sd, rsd = model.state_dict(), ref.state_dict()
