@@ -37,7 +37,7 @@ import torch
 import torchgeo_int as tgi
 from torchgeo_int import nn as tnn
 
-from experiments.bench.limits import energy_kepler
+from experiments.bench.throughput import energy_kepler
 from experiments.rollout_sharded import initial_conditions, kepler
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks as one prepared script (about 6 minutes on one H200; run 2026-12-04):
+# The GPU checks as one prepared script (about 7 minutes on one H200):
 #   1. experiments.gpu_check: the library's main paths on the GPU against the CPU;
 #   2. the nccl path with one process (nccl refuses two ranks on one GPU): DDP training checked
 #      against single-process training (float32 and float64), and a sharded rollout;
@@ -32,5 +32,5 @@ run 100 "ddp pendulum float64" "$py" -m torch.distributed.run --nproc_per_node=1
 cp results/hnn_ddp_*.md "$out/" 2>/dev/null
 run 60 "sharded rollout" "$py" -m torch.distributed.run --nproc_per_node=1 experiments/rollout_sharded.py \
     --device "$device" --batch 1000000 --steps 200 --out "$out/sharded"
-run 280 "bench gpu" "$py" -m experiments.bench.gpu --batches $batches --device "$device" --out "$out" --no-progress
+run 330 "bench gpu" "$py" -m experiments.bench.gpu --batches $batches --device "$device" --out "$out" --no-progress
 grep -e ' rc=' -e '^ok ' -e '^FAIL' -e 'passed' -e 'max |Δθ|' "$log"

@@ -777,6 +777,33 @@ def test_energy_defined_systems_and_hnns_run_compiled_loops(monkeypatch):
     assert Own(lambda p: (p * p).sum(-1), lambda q: (q * q).sum(-1)).traceable() is None
 
 
+def test_compiled_blocks_of_energy_defined_systems_trace_no_autograd_grad(monkeypatch):
+    """torch < 2.13's dynamo refuses requires_grad_ (the H200's torch 2.11: compile=True on an
+    energy-defined Kepler fell back to eager, 13–35x the closed-form compiled rollout): the
+    blocks without a graph trace the torch.func.grad twin, as the loops do, so that
+    grad_of (autograd) never runs inside a compiled graph; its states equal eager's."""
+    from torchgeo_int import systems as systems_module
+
+    plain, traced = systems_module.grad_of, []
+
+    def recorded(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            traced.append(1)       # (a side effect dynamo replays after tracing)
+        return plain(*args, **kwargs)
+
+    monkeypatch.setattr(systems_module, "grad_of", recorded)
+    system = kepler(separable=True, analytic=False)
+    q0, p0 = _batch(n=1200)   # blocks (2400 > LOOP_MAX_NUMEL: not the loops)
+    with torch.no_grad():
+        qe, pe = tgi.rollout(system, q0, p0, h=0.01, steps=32)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="compile=True: could not")
+            qc, pc = tgi.rollout(system, q0, p0, h=0.01, steps=32, compile=True)
+    k = _compile._kernels(tgi.METHODS["verlet"], system)
+    assert not k.failed and not traced
+    assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
+
+
 @pytest.mark.parametrize("method", ["verlet", "implicit_midpoint"])
 def test_compiled_mlp_forces_equal_eager(method):
     """A force or velocity that ends in a matrix product (an MLP's gradient): inductor (torch

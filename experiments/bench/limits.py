@@ -65,7 +65,7 @@ import torchgeo_int as tgi
 from torchgeo_int import _compile
 
 from . import common
-from .throughput import grad_V, kepler_batch, warnings_off
+from .throughput import energy_kepler, grad_V, kepler_batch, warnings_off
 
 H = 0.01
 BATCHES = [1, 64, 4096, 65536]
@@ -236,15 +236,6 @@ def hand_torch(q0, p0, steps):
         g = grad_V(qs[n + 1])
         torch.add(ph, g, alpha=-0.5 * H, out=ps[n + 1])
     return qs, ps
-
-
-def energy_kepler(mass=False):
-    """Kepler given by its energies only: ∂T/∂p and ∂V/∂q come from autograd; with ``mass``
-    T = ½|p|² is declared as ``mass=1`` (∂T/∂p = p in closed form, ∂V/∂q by autograd)."""
-    V = lambda q: -1.0 / q.norm(dim=-1)  # noqa: E731
-    if mass:
-        return tgi.SeparableHamiltonian(None, V, mass=1.0)
-    return tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), V)
 
 
 def flat_field(system):

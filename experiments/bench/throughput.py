@@ -55,6 +55,15 @@ def grad_V(q):
     return q / q.norm(dim=-1, keepdim=True) ** 3
 
 
+def energy_kepler(mass=False):
+    """Kepler given by its energies only: ∂T/∂p and ∂V/∂q come from autograd; with ``mass``
+    T = ½|p|² is declared as ``mass=1`` (∂T/∂p = p in closed form, ∂V/∂q by autograd)."""
+    V = lambda q: -1.0 / q.norm(dim=-1)  # noqa: E731
+    if mass:
+        return tgi.SeparableHamiltonian(None, V, mass=1.0)
+    return tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), V)
+
+
 def splitting_coefficients(name):
     """(kicks, drifts) of a palindromic composition of Verlet, from the coefficient table
     itself: drifts γ_i, kicks (γ_{i−1} + γ_i)/2 with γ_0 = γ_{s+1} = 0."""
@@ -75,6 +84,20 @@ def hand_splitting(name):
                 g = grad_V(q)
             p = torch.add(p, g, alpha=-kicks[-1] * h)
         return q, p
+    return run
+
+
+def compiled_hand_verlet(h, block=16):
+    """The hand Verlet loop of ``block`` steps passed to ``torch.compile`` (inductor's defaults),
+    called steps/block times: the practical limit on a GPU, where one fused kernel a step is
+    one read and one write of the state (on the CPU the limit is numba's, ``bench.limits``)."""
+    loop = hand_splitting("verlet")
+    compiled = torch.compile(lambda q, p: loop(q, p, block, h))
+
+    def run(q, p, steps):
+        for _ in range(steps // block):
+            q, p = compiled(q, p)
+        return loop(q, p, steps % block, h)
     return run
 
 
@@ -105,9 +128,9 @@ def configurations(system, names, device):
     """name -> (kind, callable(q0, p0, steps) -> (q, p)); kinds: 'eager', 'compiled'."""
     out = {}
 
-    def ours(method, compile=False, save_all=False):
+    def ours(method, compile=False, save_all=False, sys=system):
         def run(q0, p0, steps):
-            q, p = tgi.rollout(system, q0, p0, h=H, steps=steps, method=method,
+            q, p = tgi.rollout(sys, q0, p0, h=H, steps=steps, method=method,
                                save_every=1 if save_all else steps, compile=compile)
             return q[-1], p[-1]
         return run
@@ -116,6 +139,13 @@ def configurations(system, names, device):
         out[f"hand_{name}"] = ("eager", lambda q, p, n, f=hand_splitting(name): f(q, p, n, H))
         out[name] = ("eager", ours(name))
         out[f"{name}+compile"] = ("compiled", ours(name, compile=True))
+    asked = set(names or ())   # the GPU table's extra rows, when asked for
+    if "hand_verlet+compile" in asked:
+        out["hand_verlet+compile"] = ("compiled", compiled_hand_verlet(H))
+    if asked & {"verlet(energies)", "verlet+compile(energies)"}:
+        energies = energy_kepler()
+        out["verlet(energies)"] = ("eager", ours("verlet", sys=energies))
+        out["verlet+compile(energies)"] = ("compiled", ours("verlet", compile=True, sys=energies))
     out["verlet(save all)"] = ("eager", ours("verlet", save_all=True))
     out["verlet+compile(save all)"] = ("compiled", ours("verlet", compile=True, save_all=True))
     out["hand_midpoint"] = ("eager", lambda q, p, n: hand_midpoint(q, p, n, H))
@@ -133,6 +163,9 @@ def configurations(system, names, device):
 RATIOS = [
     ("verlet", "hand_verlet", 1.1), ("verlet+compile", "hand_verlet", 1.0),
     ("verlet+compile(save all)", "verlet(save all)", None),
+    ("verlet+compile", "hand_verlet+compile", None),
+    ("verlet(energies)", "verlet", 1.5), ("verlet+compile(energies)", "verlet+compile", 1.5),
+    ("verlet+compile(save all)", "hand_verlet+compile", None),
     ("yoshida4", "hand_yoshida4", 1.1), ("yoshida4+compile", "hand_yoshida4", 1.0),
     ("implicit_midpoint", "hand_midpoint", 1.3), ("implicit_midpoint+compile", "hand_midpoint", None),
     ("torchdiffeq_rk4", "hand_verlet", None),
