@@ -747,9 +747,9 @@ def test_compiled_loops_in_float32(monkeypatch):
 
 
 def test_energy_defined_systems_and_hnns_run_compiled_loops(monkeypatch):
-    """Forces by autograd do not trace inside a while_loop; the loops trace the system's twin
-    with them by torch.func.grad (SeparableHamiltonian.traceable), so an energy-defined Kepler
-    and a SeparableHNN run their stretches as loops, and their states equal eager's."""
+    """Forces by torch.autograd.grad do not trace inside a while_loop; traced without autograd,
+    systems.grad_of takes them by torch.func.grad, so an energy-defined Kepler and a
+    SeparableHNN run their stretches as loops, and their states equal eager's."""
     calls = _loop_calls(monkeypatch)
     torch.manual_seed(0)
     hnn = tgi.nn.SeparableHNN(2, width=16)
@@ -762,46 +762,45 @@ def test_energy_defined_systems_and_hnns_run_compiled_loops(monkeypatch):
         assert not k.loop_failed and not k.failed
         assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
     assert len(calls) == 2
-    # the twin: closed-form halves kept, autograd ones by torch.func.grad; not for a subclass
-    # that gives its halves another way
-    assert kepler(separable=True, analytic=True).traceable() is not None
-    twin = hnn.traceable()
-    assert twin is not hnn and twin.kinetic is hnn.kinetic and twin.potential_grad is not None
-    x = torch.randn(5, 2)
-    with torch.no_grad():
-        assert torch.allclose(twin.potential_grad(x), hnn.force_term(x), atol=1e-14)
-
-    class Own(tgi.SeparableHamiltonian):
-        def force_term(self, q, t=0.0):
-            return q
-    assert Own(lambda p: (p * p).sum(-1), lambda q: (q * q).sum(-1)).traceable() is None
 
 
-def test_compiled_blocks_of_energy_defined_systems_trace_no_autograd_grad(monkeypatch):
-    """torch < 2.13's dynamo refuses requires_grad_ (the H200's torch 2.11: compile=True on an
-    energy-defined Kepler fell back to eager, 13–35x the closed-form compiled rollout): the
-    blocks without a graph trace the torch.func.grad twin, as the loops do, so that
-    grad_of (autograd) never runs inside a compiled graph; its states equal eager's."""
+def _autograd_traced(monkeypatch):
+    """A list that gets an entry whenever grad_of's torch.autograd.grad branch runs while dynamo
+    traces."""
     from torchgeo_int import systems as systems_module
 
-    plain, traced = systems_module.grad_of, []
+    plain, traced = systems_module._autograd_grad, []
 
     def recorded(*args, **kwargs):
         if torch.compiler.is_compiling():
             traced.append(1)       # (a side effect dynamo replays after tracing)
         return plain(*args, **kwargs)
 
-    monkeypatch.setattr(systems_module, "grad_of", recorded)
-    system = kepler(separable=True, analytic=False)
+    monkeypatch.setattr(systems_module, "_autograd_grad", recorded)
+    return traced
+
+
+def test_compiled_graphs_without_autograd_trace_forces_by_func_grad(monkeypatch):
+    """torch < 2.13's dynamo refuses requires_grad_ (the H200's torch 2.11: compile=True on an
+    energy-defined Kepler fell back to eager, 13–35x the compiled closed form, and implicit
+    midpoint's fused iterations on a non-separable H ran eagerly): traced without autograd,
+    grad_of takes the gradient by torch.func.grad, so torch.autograd.grad never enters such a
+    graph — the blocks of an energy-defined system, and the fused iterations of implicit
+    midpoint on Hamiltonian(H); the states equal eager's."""
+    traced = _autograd_traced(monkeypatch)
     q0, p0 = _batch(n=1200)   # blocks (2400 > LOOP_MAX_NUMEL: not the loops)
-    with torch.no_grad():
-        qe, pe = tgi.rollout(system, q0, p0, h=0.01, steps=32)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("error", message="compile=True: could not")
-            qc, pc = tgi.rollout(system, q0, p0, h=0.01, steps=32, compile=True)
-    k = _compile._kernels(tgi.METHODS["verlet"], system)
-    assert not k.failed and not traced
-    assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
+    for method, system in (("verlet", kepler(separable=True, analytic=False)),
+                           ("implicit_midpoint", kepler(separable=False, analytic=False))):
+        with torch.no_grad():
+            qe, pe = tgi.rollout(system, q0, p0, h=0.01, steps=32, method=method)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("error", message="compile=True: could not")
+                qc, pc = tgi.rollout(system, q0, p0, h=0.01, steps=32, method=method, compile=True)
+        k = _compile._kernels(tgi.METHODS[method], system)
+        assert not k.failed and not k.fuse_failed and not traced, method
+        assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
+        if method == "implicit_midpoint":
+            assert k.iterations > 0     # the fused (compiled) iterations ran
 
 
 @pytest.mark.parametrize("method", ["verlet", "implicit_midpoint"])

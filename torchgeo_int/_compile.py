@@ -432,7 +432,6 @@ class _Kernels:
         self.fixed_m = 0              # the most iterations a checked step has needed
         self.fixed_failed = None      # why a block of implicit steps failed to compile
         self.loop_failed = None       # why the compiled loop failed; then blocks (long_steps)
-        self._no_graph_stepper = None
 
     def time(self, t, like):
         """t as the graphs take it: a 0-d tensor like ``like`` for a tensor-time system."""
@@ -446,14 +445,12 @@ class _Kernels:
         lists of the n states (``steps(1)`` n times), each row-major (``contiguous``: the layout
         of the output rows, whatever the block's), and q, p, force the last ones in the block's
         layout, for the next block."""
-        # Without a graph (grad mode off: the blocks, and single steps under no_grad) the step
-        # traced is the one with forces by torch.func.grad where they come by autograd, which
-        # dynamo traces on every torch version (torch < 2.13 refuses ``requires_grad_``, so an
-        # energy-defined system ran eagerly there); with grad mode on, the system's own.
+        # With grad mode on (a single step with a graph) forces by autograd are traced as
+        # torch.autograd.grad, without it as torch.func.grad (systems.grad_of): two graphs.
         graph = torch.is_grad_enabled()
         fn = self._blocks.get((n, keep_all, graph))
         if fn is None:
-            eager, fsal = (self.eager if graph else self.no_graph_stepper()), self.fsal
+            eager, fsal = self.eager, self.fsal
 
             def steps(q, p, force, t, h):
                 q, p, force, qs, ps = _steps(eager, q, p, force, t, h, n, keep_all)
@@ -487,19 +484,6 @@ class _Kernels:
                                for x in (q, p, force))
         return _budgeted(self.ready, fn, q, p, force, t, h)
 
-    def no_graph_stepper(self):
-        """The eager stepper that the graphs without autograd trace (the loops, and the blocks
-        under ``no_grad``): the pair's own, or for a system whose forces come by autograd its
-        twin with them by ``torch.func.grad``
-        (:meth:`~torchgeo_int.systems.SeparableHamiltonian.traceable`: an energy-defined
-        system, an HNN), bound once.  ``torch.autograd.grad`` does not trace inside a
-        ``while_loop``, and torch < 2.13's dynamo refuses its inputs' ``requires_grad_``."""
-        if self._no_graph_stepper is None:
-            twin = getattr(self.system, "traceable", lambda: None)()
-            self._no_graph_stepper = (self.eager if twin is None or twin is self.system
-                                  else self.integrator.bind(twin))
-        return self._no_graph_stepper
-
     def loop(self, m, keep_all=False):
         """The compiled loop of m-step blocks (``torch._higher_order_ops.while_loop``):
         (n, q, p, force, t, h) -> (q, p, force) after n (a 0-d int64 tensor) blocks of the eager
@@ -513,7 +497,7 @@ class _Kernels:
         fn = self._blocks.get(("loop", m, keep_all))
         if fn is None:
             from torch._higher_order_ops.while_loop import while_loop   # torch >= 2.4
-            eager, fsal, timed = self.no_graph_stepper(), self.fsal, self.time_dependent
+            eager, fsal, timed = self.eager, self.fsal, self.time_dependent
 
             def steps(n, q, p, force, t, h, *rows):
                 def cond(i, q, p, *rest):
@@ -915,7 +899,7 @@ class CompiledStep(Stepper):
         if ("loop", m, keep) not in k._blocks:
             # one eager step first, discarded: the system's once-only output checks (a flag set
             # at the first call) run outside the loop, whose body may not change outer state
-            k.no_graph_stepper().steps(q, p, t0, h, 1, force, start=start)
+            k.eager.steps(q, p, t0, h, 1, force, start=start)
         bufs = (torch.empty((per * m, *q.shape), dtype=q.dtype, device=q.device),
                 torch.empty((per * m, *p.shape), dtype=p.dtype, device=p.device)) if keep else ()
         j = 0

@@ -126,11 +126,23 @@ def grad_of(fn: Callable[..., Tensor], inputs: tuple[Tensor, ...],
     that requires grad: an input that does, or a parameter / captured tensor that ``fn`` uses
     (:func:`~torchgeo_int._autograd.reaches_other_leaves`).  Otherwise — a fixed H rolled out
     without ``torch.no_grad()`` — no graph is built and the result does not require grad."""
+    keep = torch.is_grad_enabled()
+    if not keep and torch.compiler.is_compiling():
+        # Traced into a graph without autograd (compile=True's blocks and loops, fused
+        # fixed-point iterations): torch.func.grad of the batch sum, which dynamo traces on
+        # every torch version and inside a while_loop body, where torch.autograd.grad does not
+        # trace, and torch < 2.13 refuses its inputs' requires_grad_.  (The first, eager call
+        # of a compiled rollout has run the checks below.)
+        return torch.func.grad(lambda *xs: fn(*xs).sum(), argnums=tuple(range(len(inputs))))(*inputs)
     if inputs[0].is_complex() or inputs[-1].is_complex():
         raise TypeError(f"{_what(label, user_fn)} got complex states ({inputs[-1].dtype}): "
                         "Hamiltonian systems take real coordinates; split a complex z into "
                         "torch.cat([z.real, z.imag], -1)")
-    keep = torch.is_grad_enabled()
+    return _autograd_grad(fn, inputs, keep, label, user_fn)
+
+
+def _autograd_grad(fn, inputs, keep, label, user_fn):
+    """grad_of by torch.autograd.grad, with the output checks (and the graph when ``keep``)."""
     with torch.enable_grad():
         xs = tuple(x if (keep and x.requires_grad) else x.detach().requires_grad_() for x in inputs)
         out = check_energy(fn(*xs), xs[-1], label, user_fn)  # (q, p) or (g, μ): last is (..., n)
@@ -297,25 +309,6 @@ class SeparableHamiltonian(Hamiltonian):
         pot = (_checked_once(dV, "potential_grad") if dV is not None
                else (lambda q: grad_of(V, (q,), "the potential", V)[0]))
         return vel, pot
-
-    def traceable(self):
-        r"""This system with ∂T/∂p and ∂V/∂q taken by ``torch.func.grad`` (∇ of the batch sum:
-        samples are independent) where they come by autograd, for graphs that cannot trace
-        ``torch.autograd.grad`` (the body of a compiled ``while_loop``); ``self`` when both are
-        closed-form; ``None`` where the halves are not this class's (a time-dependent system, a
-        subclass with its own ``velocity`` or ``force_term``).  For steps without a graph: the
-        gradients carry none to the parameters."""
-        if self.halves() is None:
-            return None
-        if self.kinetic_grad is not None and self.potential_grad is not None:
-            return self
-        T, V = self.kinetic, self.potential
-        return SeparableHamiltonian(
-            T, V, time_dependent=False,
-            kinetic_grad=(self.kinetic_grad if self.kinetic_grad is not None
-                          else torch.func.grad(lambda p: T(p).sum())),
-            potential_grad=(self.potential_grad if self.potential_grad is not None
-                            else torch.func.grad(lambda q: V(q).sum())))
 
     def gradients(self, q, p, t=0.0):
         return self.force_term(q, t), self.velocity(p, t)
