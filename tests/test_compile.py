@@ -409,13 +409,25 @@ def test_compiled_stepper_is_a_stepper_whose_steps_are_the_eager_ones():
     assert (fc - fe).abs().max() < 1e-12
 
 
-def test_every_state_saved_in_whole_blocks(monkeypatch):
+_INTO = pytest.mark.parametrize("into", [False, True], ids=["stacked", "into-rows"])
+
+
+def _into(monkeypatch, into):
+    """Every-state blocks that write their states into the rows inside the graph (``into``, the
+    path of states of at least INTO_MIN_NUMEL elements) or return them for one stack copy."""
+    monkeypatch.setattr(_compile, "INTO_MIN_NUMEL", 0 if into else 2 ** 62)
+
+
+@_INTO
+def test_every_state_saved_in_whole_blocks(monkeypatch, into):
     """save_every = 1: run_loop hands the compiled stepper a stretch up to the next check and its
-    rows; blocks of K = 3 write their stacked states there in one copy, the steps a stretch
-    does not fill with blocks (16 = 3·5 + 1, and the last ones of the rollout) run eagerly.
+    rows; blocks of K = 3 write their states there (inside the graph, or stacked in one copy),
+    the steps a stretch does not fill with blocks (16 = 3·5 + 1, and the last ones of the
+    rollout) run eagerly.
     No per-step call of ``step``; the same states as eager to round-off, under no_grad and under
     grad mode with nothing requiring grad (no graph: the outputs do not require grad).  (The
     blocks: this small state would otherwise run as compiled loops.)"""
+    _into(monkeypatch, into)
     monkeypatch.setattr(_compile, "LOOP_MAX_NUMEL", 0)
     system = kepler(separable=True, analytic=True)
     m = tgi.METHODS["verlet"]
@@ -434,14 +446,17 @@ def test_every_state_saved_in_whole_blocks(monkeypatch):
         qg, pg = run_loop(compiled_step(m, system, steps=steps, block=3), q0, p0, system=system,
                           h=0.01, steps=steps, t0=0.0, save_every=1, check_every=16)
     assert not qg.requires_grad and torch.equal(qg, qc) and torch.equal(pg, pc)
+    assert any(key[-1] is into for key in _compile._kernels(m, system)._blocks if len(key) == 4)
 
 
-def test_every_state_blocks_run_batch_innermost_and_write_row_major(monkeypatch):
+@_INTO
+def test_every_state_blocks_run_batch_innermost_and_write_row_major(monkeypatch, into):
     """Every state saved, a batch that takes the batch-innermost layout: each block receives the
     state batch-innermost (the first converted, the next ones handed on from the last block, no
     row-major round trip), its states land row-major in the rows, equal to eager; a caller that
     steps one state at a time gets the same states from the lookahead blocks; a force written
     with .view() falls back to the row-major layout and still equals eager."""
+    _into(monkeypatch, into)
     seen = _stride_spy(monkeypatch)
     system = kepler(separable=True, analytic=True)
     m = tgi.METHODS["verlet"]
@@ -469,11 +484,13 @@ def test_every_state_blocks_run_batch_innermost_and_write_row_major(monkeypatch)
     assert (qv - qw).abs().max() < 1e-12 and (pv - pw).abs().max() < 1e-12
 
 
-def test_every_state_blocks_leave_row_major_and_fall_back_mid_run(monkeypatch):
+@_INTO
+def test_every_state_blocks_leave_row_major_and_fall_back_mid_run(monkeypatch, into):
     """A block that fails after batch-innermost blocks ran: the retry gets row-major q, p and
     force (not the previous block's layout), the states equal eager's, and what ``saves`` hands
     back (the state and FSAL force) is row-major.  A method without FSAL (its force None)
     takes the same path."""
+    _into(monkeypatch, into)
     monkeypatch.setattr(_compile, "LAYOUT_MIN_BATCH", 2)
     seen, traced = [], _compile._traced
 

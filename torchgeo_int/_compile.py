@@ -140,6 +140,10 @@ LAYOUT_MAX_EVENT = 64
 #: rather than a Python loop over compiled blocks (Kepler: on a par with the blocks at B = 4096,
 #: final state, and B = 512, every state; faster below).
 LOOP_MAX_NUMEL = 2048
+#: smallest state (numel(q)) whose every-state blocks write their states straight into the
+#: output rows (graph inputs); below it they return them and one stack copies them there,
+#: since 2K more inputs cost guards and Python per call (``CompiledStep.saves``)
+INTO_MIN_NUMEL = 2 ** 14
 #: largest number of elements (states × numel(q)) of the rows a compiled loop that keeps every
 #: state carries: it writes them functionally, a copy of the rows per block, so one call
 #: covers about LOOP_ROWS / numel(q) steps (Kepler, B = 1: 2048).
@@ -380,18 +384,24 @@ def _force_of(cache, q):
     return cache
 
 
-def _steps(eager, q, p, force, t, h, n, keep_all):
+def _steps(eager, q, p, force, t, h, n, keep_all, rows=()):
     """What the graphs trace: the eager stepper's n steps from (q, p, force) at t ->
     (q, p, force, qs, ps); with ``keep_all`` as ``steps(1)`` n times, qs and ps the lists of the
     n states, each row-major (``contiguous``: the output rows' layout, whatever the graph's),
-    else ``steps(n)`` and empty lists."""
+    else ``steps(n)`` and empty lists; with ``rows`` (the n rows of q, then the n of p: each
+    a whole input, so that the kernel computing a state stores it there) the states are
+    written into them instead, and the lists are empty."""
     if not keep_all:
         return (*eager.steps(q, p, t, h, n, force), [], [])
     qs, ps = [], []
     for j in range(n):
         q, p, force = eager.steps(q, p, t, h, 1, force, start=j)
-        qs.append(q.contiguous())
-        ps.append(p.contiguous())
+        if rows:
+            rows[j].copy_(q)
+            rows[n + j].copy_(p)
+        else:
+            qs.append(q.contiguous())
+            ps.append(p.contiguous())
     return q, p, force, qs, ps
 
 
@@ -439,29 +449,31 @@ class _Kernels:
             return torch.full((), t, dtype=like.dtype, device=like.device)
         return t
 
-    def block(self, n, keep_all):
+    def block(self, n, keep_all, into=False):
         """The compiled n-fold composition, (q, p, force, t, h) -> (q, p, force): the eager
         stepper's ``steps(n)`` traced; with ``keep_all`` -> (qs, ps, q, p, force), qs and ps the
         lists of the n states (``steps(1)`` n times), each row-major (``contiguous``: the layout
         of the output rows, whatever the block's), and q, p, force the last ones in the block's
-        layout, for the next block."""
+        layout, for the next block; with ``into``, (q, p, force, t, h, *rows) -> (q, p, force),
+        the states written into ``rows`` (``_steps``)."""
         # With grad mode on (a single step with a graph) forces by autograd are traced as
         # torch.autograd.grad, without it as torch.func.grad (systems.grad_of): two graphs.
-        graph = torch.is_grad_enabled()
-        fn = self._blocks.get((n, keep_all, graph))
+        graph, into = torch.is_grad_enabled(), keep_all and into
+        fn = self._blocks.get((n, keep_all, graph, into))
         if fn is None:
             eager, fsal = self.eager, self.fsal
 
-            def steps(q, p, force, t, h):
-                q, p, force, qs, ps = _steps(eager, q, p, force, t, h, n, keep_all)
+            def steps(q, p, force, t, h, *rows):
+                q, p, force, qs, ps = _steps(eager, q, p, force, t, h, n, keep_all, rows)
                 force = force if fsal else None
-                return (qs, ps, q, p, force) if keep_all else (q, p, force)
+                return (qs, ps, q, p, force) if keep_all and not into else (q, p, force)
 
-            fn = self._blocks[(n, keep_all, graph)] = _compile(
-                steps, f"{self._tag}_{n}_{int(keep_all)}{'_graph' if graph else ''}")
+            fn = self._blocks[(n, keep_all, graph, into)] = _compile(
+                steps, f"{self._tag}_{n}_{int(keep_all)}{'_into' if into else ''}"
+                       f"{'_graph' if graph else ''}")
         return fn
 
-    def run_block(self, n, keep_all, q, p, force, t, h):
+    def run_block(self, n, keep_all, q, p, force, t, h, rows=()):
         """The compiled n-step block on (q, p, force).  A block of n > 1 steps runs in the
         batch-innermost layout when the state suits it and hands its final state and force on
         in that layout, so that a run of blocks converts once (its caller makes them row-major
@@ -469,12 +481,13 @@ class _Kernels:
         final-state rollout's time at B = 4096 when paid at every block); one that returns every
         state (``keep_all``) writes each row-major inside the block (inductor transposes in
         registers).  (A single step would pay the copies for one state: it keeps the row-major
-        layout.)"""
-        fn = self.block(n, keep_all)
+        layout.)  With ``rows``, the block writes its states there (``block(into=True)``) and
+        returns (q, p, force)."""
+        fn = self.block(n, keep_all, into=bool(rows))
         qi = batch_inner(q) if self.inner and n > 1 else q
         if qi is not q:
             try:
-                return _budgeted(self.ready, fn, qi, batch_inner(p), batch_inner(force), t, h)
+                return _budgeted(self.ready, fn, qi, batch_inner(p), batch_inner(force), t, h, *rows)
             except (ConvergenceError, FloatingPointError, CompileTimeout):
                 raise
             except Exception:  # noqa: BLE001 — e.g. a system that calls .view() on q: row-major
@@ -482,7 +495,7 @@ class _Kernels:
                 # (q, p, force may come batch-innermost from the previous block)
                 q, p, force = (x.contiguous() if isinstance(x, torch.Tensor) else x
                                for x in (q, p, force))
-        return _budgeted(self.ready, fn, q, p, force, t, h)
+        return _budgeted(self.ready, fn, q, p, force, t, h, *rows)
 
     def loop(self, m, keep_all=False):
         """The compiled loop of m-step blocks (``torch._higher_order_ops.while_loop``):
@@ -824,19 +837,27 @@ class CompiledStep(Stepper):
             return super().saves(q, p, t0, h, n, cache, start=start, rows=rows)
         qs, ps = rows
         system, force, eager = self.system, _force_of(cache, q), self.eager
+        into = q.numel() >= INTO_MIN_NUMEL
         full, j = n - n % K, 0
         while j < full and not k.failed:     # (a block that fell back to eager: the rest eagerly)
             t = t0 + (start + j) * h
             first = k.first_force(system, q, t, force)
 
-            def fallback(q=q, p=p, t=t, force=force):
-                q, p, force = eager.saves(q, p, t, h, K, force, rows=(qs[j:j + K], ps[j:j + K]))
-                return None, None, q, p, force
-            qk, pk, q, p, force = self._guarded(
-                lambda: k.run_block(K, True, q, p, first, self._time(t, q), h), fallback)
-            if qk is not None:
-                torch.stack(qk, out=qs[j:j + K])
-                torch.stack(pk, out=ps[j:j + K])
+            rq, rp = qs[j:j + K], ps[j:j + K]
+
+            def fallback(q=q, p=p, t=t, force=force, rq=rq, rp=rp):
+                return eager.saves(q, p, t, h, K, force, rows=(rq, rp))
+            if into:
+                q, p, force = self._guarded(lambda: k.run_block(
+                    K, True, q, p, first, self._time(t, q), h, (*rq.unbind(0), *rp.unbind(0))),
+                    fallback)
+            else:
+                qk, pk, q, p, force = self._guarded(
+                    lambda: k.run_block(K, True, q, p, first, self._time(t, q), h),
+                    lambda: (None, None, *fallback()))
+                if qk is not None:
+                    torch.stack(qk, out=rq)
+                    torch.stack(pk, out=rp)
             j += K
         if j:        # the last block's state and force row-major again, for eager steps and callers
             q, p, force = qs[j - 1], ps[j - 1], _row_major(force)
