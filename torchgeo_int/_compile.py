@@ -37,13 +37,17 @@ core: as much as a whole eager Verlet step on a small batch).  Here (:class:`Com
     B = 64 3.1 against 9.5, B = 1024 17 against 22, B = 4096 on a par (so larger states keep
     the blocks); every state B = 1 2.0 against 8.3, B = 16 2.9 against 6.7, B = 128 15
     against 17, B = 512 on a par.  Not for a time-dependent system that takes t as a float (in
-    the loop t is a tensor) and energy-defined ones (dynamo does not trace their autograd call
-    inside a ``while_loop``: the loop fails once, recorded in ``loop_failed``) keep the blocks;
+    the loop t is a tensor); forces by autograd (an energy-defined system, an HNN) are traced
+    there as ``torch.func.grad`` (:func:`~torchgeo_int.systems.grad_of`), since
+    ``torch.autograd.grad`` does not trace inside a ``while_loop`` (a loop that fails to
+    compile is recorded in ``loop_failed``, and the blocks run);
   - ``saves(n)`` (every state saved: ``run_loop`` asks for the n steps up to the next check
     and hands over their output rows): one call computes K states (``steps(1)`` K times in one
     graph, each returned row-major) and one ``torch.stack(out=)`` writes them into K rows — no
     Python per step, which is what small batches pay (Kepler, B = 1, one core: 18 → 8.5 µs a
-    step); the steps a stretch does not fill with blocks run eagerly;
+    step); states of at least ``INTO_MIN_NUMEL`` elements are written into their rows inside
+    the graph instead (the rows are its inputs: no second copy of every state, nor K fresh
+    state-sized tensors a call); the steps a stretch does not fill with blocks run eagerly;
   - ``step`` (a caller stepping one state at a time, K' = 1): one call computes K states and
     the next K − 1 calls hand them out through the cache (a ``_Block`` cursor; a caller that
     passes back another state drops the block).  The last ``steps mod K`` steps of the rollout
@@ -823,7 +827,9 @@ class CompiledStep(Stepper):
     def saves(self, q, p, t0, h, n, cache=None, *, start=0, rows):
         """Every state written: compiled blocks of K steps each return their K states, written
         into K rows by one ``torch.stack(out=)`` — no Python per step, the point at small
-        batches; the block's last state and force go on to the next block in its layout (see
+        batches — or, for states of at least ``INTO_MIN_NUMEL`` elements, write them into the
+        rows inside the graph (no second copy of each state, the point at large batches); the
+        block's last state and force go on to the next block in its layout (see
         ``run_block``); the last ``n mod K`` steps run eagerly (no second graph to compile)."""
         k, K = self.kernels, self.block
         if torch.is_grad_enabled():
