@@ -449,6 +449,22 @@ def test_every_state_saved_in_whole_blocks(monkeypatch, into):
     assert any(key[-1] is into for key in _compile._kernels(m, system)._blocks if len(key) == 4)
 
 
+def test_every_state_blocks_write_float32_states_into_their_rows(monkeypatch):
+    """The into-rows path in float32 (the rows are graph inputs of the state's dtype): the
+    states equal eager's to float32 round-off, through a public rollout."""
+    _into(monkeypatch, True)
+    monkeypatch.setattr(_compile, "LOOP_MAX_NUMEL", 0)
+    system = kepler(separable=True, analytic=True)
+    q0, p0 = (x.float() for x in _batch(n=64))
+    with torch.no_grad():
+        qe, pe = tgi.rollout(system, q0, p0, h=0.01, steps=40)
+        qc, pc = tgi.rollout(system, q0, p0, h=0.01, steps=40, compile=True)
+    assert qc.dtype == torch.float32
+    assert (qc - qe).abs().max() < 1e-5 and (pc - pe).abs().max() < 1e-5
+    keys = _compile._kernels(tgi.METHODS["verlet"], system)._blocks
+    assert any(len(key) == 4 and key[-1] for key in keys)
+
+
 @_INTO
 def test_every_state_blocks_run_batch_innermost_and_write_row_major(monkeypatch, into):
     """Every state saved, a batch that takes the batch-innermost layout: each block receives the
