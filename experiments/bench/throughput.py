@@ -16,7 +16,11 @@ runs are short), so the ratios compare runs of the same moment of a shared machi
 * ``hand_midpoint``: implicit midpoint as a plain fixed-point loop (warm start from the last
   stage derivative, convergence checked every 4 iterations at the same tolerance), against
   ``implicit_midpoint`` (eager; and +compile: compiled vector field);
-* ``torchdiffeq_rk4``: torchdiffeq's rk4 with the same number of steps (4 evaluations a step).
+* ``torchdiffeq_rk4``: torchdiffeq's rk4 with the same number of steps (4 evaluations a step);
+* only when named in ``--configs`` (the GPU table's rows): ``hand_verlet+compile``, the hand
+  Verlet loop passed to ``torch.compile`` in blocks of 16 steps (the limit on a GPU; on the
+  CPU it is numba's, ``bench.limits``), and ``verlet(energies)`` / ``verlet+compile(energies)``,
+  Kepler given by its energies (forces by autograd).
 
 Also counts the aten kernels per step of each eager configuration (a deterministic measure of
 the per-step overhead) and, with ``--profile``, prints a cProfile of the eager rollouts at
