@@ -123,13 +123,18 @@ def test_training_cost_tiny(tmp_path):
 
 
 def test_gpu_script_runs_on_cpu(tmp_path):
-    rows = gpu.main(["--batches", "4", "--steps", "16", "--repeats", "1", "--configs",
-                     "hand_verlet", "verlet", "--out", str(tmp_path), *QUIET])
-    _load(tmp_path, "gpu")
+    """The GPU table's script on the CPU, with its rows that only it asks for: the hand loop
+    compiled (the GPU's limit) and the energy-defined Kepler; each equals the hand loop."""
+    configs = ("hand_verlet", "verlet", "hand_verlet+compile", "verlet(energies)")
+    rows = gpu.main(["--batches", "4", "--steps", "32", "--repeats", "1", "--configs", *configs,
+                     "--out", str(tmp_path), *QUIET])
+    data = _load(tmp_path, "gpu")
     assert {(r["dtype"], r["config"]) for r in rows} == {
-        (d, c) for d in ("float32", "float64") for c in ("hand_verlet", "verlet")}
+        (d, c) for d in ("float32", "float64") for c in configs}
     for r in rows:
         assert r["max_diff_vs_first"] < (1e-5 if r["dtype"] == "float32" else 1e-12)
+    assert {"verlet(energies) / verlet", "verlet / hand_verlet"} <= {
+        r["ratio"] for r in data["ratios"]}
 
 
 def test_gpu_check_compares_device_and_cpu_and_reports_a_broken_path(tmp_path, monkeypatch):
