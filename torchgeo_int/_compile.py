@@ -461,7 +461,9 @@ class _Kernels:
         layout, for the next block; with ``into``, (q, p, force, t, h, *rows) -> (q, p, force),
         the states written into ``rows`` (``_steps``)."""
         # With grad mode on (a single step with a graph) forces by autograd are traced as
-        # torch.autograd.grad, without it as torch.func.grad (systems.grad_of): two graphs.
+        # torch.autograd.grad, without it as torch.func.grad (systems.grad_of): two graphs,
+        # kept as two functions so that each one's first compile runs under the budget
+        # (_budgeted), not as a recompile of one already in ``ready``.
         graph, into = torch.is_grad_enabled(), keep_all and into
         fn = self._blocks.get((n, keep_all, graph, into))
         if fn is None:
