@@ -83,6 +83,40 @@ def test_func_sees_each_time_as_a_fresh_0d_tensor_of_the_state_dtype(dtype):
     assert ys.dtype == dtype and torch.equal(ys[0], y0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_times_from_the_pool_keep_their_values_across_refills(monkeypatch, dtype):
+    """odeint's CPU times come from a TimePool (0-d views of one buffer, each slot written once):
+    a func that keeps every t it got finds each still holding its own time after the pool has
+    been refilled several times, each a distinct tensor; the states equal a hand loop's."""
+    from torchgeo_int._odeint import state as st
+    monkeypatch.setattr(st.TimePool, "SIZE", 8)
+    seen = []
+
+    def flat(t, y):
+        seen.append(t)
+        return torch.cat([y[..., 2:], -(1 + 0.1 * t) * y[..., :2]], -1)
+
+    y0 = torch.tensor([[1.0, 0.5, 0.0, 0.2]], dtype=dtype)
+    h, n = 0.05, 30
+    ys = tgi.odeint(flat, y0, torch.tensor([0.0, n * h], dtype=dtype), method="verlet",
+                    options=dict(separable=True, step_size=h))
+    hh = float(torch.tensor(n * h, dtype=dtype)) / n     # odeint's step from t's values
+    expect, q, p, t = [0.0], y0[..., :2], y0[..., 2:], 0.0
+    force = lambda q, t: -(1 + 0.1 * torch.tensor(t, dtype=dtype)) * q   # noqa: E731
+    for j in range(n):
+        t = j * hh
+        p = p + 0.5 * hh * force(q, t)
+        expect.append(t + 0.5 * hh)
+        q = q + hh * p
+        expect.append(t + hh)
+        p = p + 0.5 * hh * force(q, t + hh)
+    assert len(seen) == 2 * n + 1 > 5 * st.TimePool.SIZE
+    assert [float(x) for x in seen] == [float(torch.tensor(x, dtype=dtype)) for x in expect]
+    assert len({id(x) for x in seen}) == len(seen)
+    torch.testing.assert_close(ys[-1], torch.cat([q, p], -1), rtol=0,
+                               atol=1e-14 if dtype == torch.float64 else 1e-6)
+
+
 def test_the_reused_zero_half_stays_zero_and_grads_flow():
     """The unused half is one zeros tensor per shape; func sees it, autograd goes around it."""
     k = torch.tensor(1.3, requires_grad=True)

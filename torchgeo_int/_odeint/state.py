@@ -14,6 +14,30 @@ from ..systems import Hamiltonian, VectorFieldSystem, check_energy, grad_of
 from .contract import perturbed
 from .methods import FIRST_ORDER_METHOD_NAMES
 
+class TimePool:
+    """Fresh 0-d CPU tensors holding given times, ``SIZE`` at a time: the 0-d views of one
+    numpy-backed buffer (one ``unbind``), each slot written once, when handed out, and never
+    reused (a func that keeps its t keeps its value), as torchdiffeq's t[i] are views of its
+    grid.  Why: a tensor made per call (``torch.from_numpy(np.array(t))``, the cheapest single
+    one) cost 2.5 µs a call of func inside odeint's loop, a tenth of a step of a 64-trajectory
+    Kepler Verlet (the gap to a hand loop that passes one t throughout, issue 20); a slot costs
+    a numpy store and a list index, plus a 1/SIZE share of the ``unbind`` (≈ 0.4 µs)."""
+
+    SIZE = 1024
+
+    def __init__(self, np_dtype):
+        self.np_dtype, self.i, self.values, self.views = np_dtype, self.SIZE, None, ()
+
+    def __call__(self, t):
+        i = self.i
+        if i == self.SIZE:
+            self.values = np.empty(self.SIZE, dtype=self.np_dtype)
+            self.views, i = torch.from_numpy(self.values).unbind(0), 0
+        self.values[i] = t      # (one IEEE rounding of the float to the dtype, as np.array's)
+        self.i = i + 1
+        return self.views[i]
+
+
 class UserFunc:
     """Calls func(t, y) the way torchdiffeq does: t a 0-d tensor of y's dtype, grad mode as at
     the call of odeint.  Inside the solvers' no-grad iterations of a grad-mode call the state is
@@ -24,11 +48,11 @@ class UserFunc:
         self.func, self.dtype, self.device, self.grad = func, dtype, device, grad
         self.window = None      # (start, end) of the step being taken, under options['perturb']
         self.time_map = None    # a contract.TimeMap, when t requires grad
-        # Every call of func needs a fresh 0-d t: on the CPU a numpy scalar array wrapped
-        # without a copy costs a third of torch.full's dispatch (the same value: one IEEE
-        # rounding of the float to dtype), which at small batches is a tenth of a step
-        self.np_dtype = (None if torch.device(device).type != "cpu" else
-                         {torch.float64: np.float64, torch.float32: np.float32}.get(dtype))
+        # Every call of func needs a fresh 0-d t (a func may keep it); on the CPU it comes from
+        # a TimePool (below), on other devices from torch.full
+        np_dtype = (None if torch.device(device).type != "cpu" else
+                    {torch.float64: np.float64, torch.float32: np.float32}.get(dtype))
+        self.pool = None if np_dtype is None else TimePool(np_dtype)
 
     def scale(self, out):
         """out multiplied by the time map's c (the field of a rescaled step; contract.TimeMap)."""
@@ -38,8 +62,8 @@ class UserFunc:
         """A fresh 0-d tensor t of y's dtype (compiled graphs pass t as a tensor already)."""
         if isinstance(t, torch.Tensor):
             return t.to(self.dtype)
-        if self.np_dtype is not None:
-            return torch.from_numpy(np.array(t, dtype=self.np_dtype))
+        if self.pool is not None:
+            return self.pool(t)
         return torch.full((), t, dtype=self.dtype, device=self.device)
 
     def plain(self):
@@ -182,45 +206,46 @@ class PartitionedState:
             self.checked.add(part)
         return out
 
-    def direct(self, caller, func, zeros):
-        """(velocity, force): functions of (t, x) that call func in one frame, or None for a
-        state not in the user's own layout.  Each returns None (the caller then takes
-        :meth:`field`) where its half is not yet checked, or the call needs UserFunc's other
-        frames (not ``caller.plain()``), or torch.compile traces, or the output is unlike the
-        checked one.  The other half is a kept zero tensor of the user's shape, from ``zeros``
-        (PartitionedSystem's, keyed as there).  Why: the checked path's five frames cost ~5 µs
-        a call, as much as the whole 1.1× margin over a hand-written loop leaves at B = 4096 on
-        Kepler (a step of two calls: ~160 µs)."""
+    def direct(self, caller, func, zeros, slow):
+        """(velocity, force): functions of (x, t) that call func in one frame, or None for a
+        state not in the user's own layout.  Each hands the call to its ``slow`` twin (the
+        system's checked methods, through :meth:`field`) where its half is not yet checked, or
+        the call needs UserFunc's other frames (not ``caller.plain()``), or torch.compile
+        traces, or the output is unlike the checked one.  The other half is a kept zero tensor
+        of the user's shape, from ``zeros`` (PartitionedSystem's, keyed as there).  Why: the
+        checked path's five frames cost ~5 µs a call, as much as the whole 1.1× margin over a
+        hand-written loop leaves at B = 4096 on Kepler (a step of two calls: ~160 µs)."""
         if not self.natural:
             return None
         checked, split, y_shape, is_tuple = self.checked, self.split, self.y_shape, self.is_tuple
-        compiling, plain, time, Tensor = (torch.compiler.is_compiling, caller.plain,
-                                          caller.tensor_time, torch.Tensor)
+        compiling, plain, Tensor = torch.compiler.is_compiling, caller.plain, torch.Tensor
+        # (t is a float from the steppers: the pool's tensor without tensor_time's frame)
+        time = caller.pool or caller.tensor_time
         kept = [None, None]
 
-        def make(part):
+        def make(part, slow):
             shape = (self.q_shape, self.p_shape)[part]     # the zero half's and the output's
 
-            def call(t, x):
+            def call(x, t=0.0):
                 if compiling() or part not in checked or not plain():
-                    return None
+                    return slow(x, t)
                 z = kept[part]
                 if z is None:   # (a natural state keeps its shapes: one lookup per system)
                     z = kept[part] = zeros.setdefault((part, x.shape), x.new_zeros(shape))
-                tt = time(t)
+                tt = time(t) if type(t) is float else caller.tensor_time(t)
                 if is_tuple:
                     out = func(tt, (z, x) if part == 0 else (x, z))
                     if isinstance(out, (tuple, list)) and len(out) == 2:
                         d = out[part]
                         if isinstance(d, Tensor) and d.shape == shape:
                             return d
-                    return None
+                    return slow(x, t)    # (the checks there name what is wrong)
                 dy = func(tt, torch.cat([z, x] if part == 0 else [x, z], -1))
                 if isinstance(dy, Tensor) and dy.shape == y_shape:
                     return dy[..., :split] if part == 0 else dy[..., split:]
-                return None
+                return slow(x, t)
             return call
-        return make(0), make(1)
+        return make(0, slow[0]), make(1, slow[1])
 
     def _field(self, caller, func, t, qi, pi, part):
         q, p = (qi, pi) if self.natural else self.user(qi, pi)
@@ -260,10 +285,15 @@ class PartitionedSystem(VectorFieldSystem):
         self.nq, self.np_ = nq, np_
         self.shapes = shapes        # (q, p) shapes when the state keeps the user's shapes
         self.half = half            # half(t, q, p, i): part i of f's output alone
-        # (velocity(t, p), force(t, q)) in one frame each, None where they do not apply
-        # (PartitionedState.direct, set by partitioned_system)
-        self.direct = None
         self._zeros = {}
+
+    def use_direct(self, direct):
+        """Take ``direct`` = (velocity, force) (``PartitionedState.direct``: func called in one
+        frame, falling back to the methods below) as this system's velocity and force, where
+        it is not None."""
+        if direct is not None:
+            self.velocity, self.force = direct
+            self.force_term = self.force
 
     def _zeros_for(self, like, i):
         """The zeros func sees as the unused half: one tensor per shape, reused from step to
@@ -279,19 +309,11 @@ class PartitionedSystem(VectorFieldSystem):
         return z
 
     def velocity(self, p, t=0.0):
-        if self.direct is not None:
-            d = self.direct[0](t, p)
-            if d is not None:
-                return d
         if not self.separable:
             return super().velocity(p, t)
         return self.half(t, self._zeros_for(p, 0), p, 0)
 
     def force(self, q, t=0.0):
-        if self.direct is not None:
-            d = self.direct[1](t, q)
-            if d is not None:
-                return d
         if not self.separable:
             return super().force(q, t)
         return self.half(t, q, self._zeros_for(q, 1), 1)
@@ -344,7 +366,7 @@ def partitioned_system(func, caller, state, options):
                                (state.q_shape, state.p_shape) if state.natural else None,
                                functools.partial(state.field, caller, func))
     if separable:
-        system.direct = state.direct(caller, func, system._zeros)
+        system.use_direct(state.direct(caller, func, system._zeros, (system.velocity, system.force)))
     register_module(system, "user_func", func)
     return system
 
