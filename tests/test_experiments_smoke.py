@@ -270,6 +270,14 @@ def test_hnn_diagnose_tiny(tmp_path):
                    "--every", "2", "--batch-size", "8", "--out", str(tmp_path), "--tag", "t"])
     rows = json.loads((tmp_path / "diagnose_twobody_t.json").read_text())["arms"]["e"]["rows"]
     assert rows[0]["node_err"] < 1e-6 and all(math.isfinite(r["eps_H"]) for r in rows)
+    # --oracle-states: the node states are the clean ones and stay so (nothing solved or learned)
+    diagnose.main(["--task", "twobody_noisy", "--trajectories", "10", "--arms", "e", "--steps", "2",
+                   "--every", "1", "--batch-size", "8", "--oracle-states", "--out", str(tmp_path),
+                   "--tag", "o"])
+    rep = json.loads((tmp_path / "diagnose_twobody_noisy_o.json").read_text())
+    rows = rep["arms"]["e"]["rows"]
+    assert rep["oracle_states"] and [r["step"] for r in rows] == [0, 1, 2]
+    assert max(r["node_err"] for r in rows) < 1e-6 and rows[-1]["loss"] != rows[0]["loss"]
     assert diagnose.spikes([3.0, 2.0, 1.0, 1.1, 1.0, 1.2, 1.3], start=0, rise=0.05) == \
         {"steps_above": 3, "max_rise": pytest.approx(0.3), "onsets": [4, 6]}
 

@@ -658,6 +658,50 @@ def _small_rows(args, steps, rows):
 # ----------------------------------------------------------------------------------------------
 
 
+def store_layouts(args, m=2, K=16):
+    """What storing costs a compiled block whose states are batch-innermost (the CPU blocks'
+    layout, ``_compile.batch_inner``): K steps of a stand-in step x ↦ x·c on x of shape (m, B)
+    compiled into one graph that writes each state into a row of a fresh (steps, …) output, in
+    three ways — a row-major row (B, m) by ``copy_(x.t())`` (what the every-state blocks do), a
+    batch-innermost row (m, B) by a plain copy (no transposition: the floor), and a row-major
+    row by a chain of ``torch.where`` over the m components.  ns per value stored (m values a
+    state·trajectory), best of the rounds, side by side."""
+    batch = 256 if args.quick else 4096
+    steps = K * (4 if args.quick else 64)
+    x0 = torch.randn(m, batch, dtype=torch.float64)
+
+    def where_rows(x):
+        k = torch.arange(m)
+        out = x[m - 1].unsqueeze(-1).expand(-1, m)
+        for j in range(m - 2, -1, -1):
+            out = torch.where(k == j, x[j].unsqueeze(-1), out)
+        return out
+
+    ways = {"row-major rows, transposed copy (the blocks' way)": ((batch, m), lambda x: x.t()),
+            "batch-innermost rows, plain copy (no transposition)": ((m, batch), lambda x: x),
+            "row-major rows, torch.where over the components": ((batch, m), where_rows)}
+    runs = {}
+    for name, (shape, form) in ways.items():
+        def block(x, *rows, form=form):
+            for j in range(K):
+                x = x * 1.0000001
+                rows[j].copy_(form(x))
+            return x
+        compiled = torch.compile(block, dynamic=False)
+
+        def run(_q, _p, _n, shape=shape, compiled=compiled):
+            out = torch.from_numpy(np.empty((steps, *shape)))
+            x = x0
+            for i in range(0, steps, K):
+                x = compiled(x, *out[i:i + K].unbind(0))
+            rows = out if shape[0] == batch else out.transpose(1, 2)    # (steps, B, m) views
+            return rows, rows
+        runs[name] = (run, True)
+    res = side_by_side(runs, x0, x0, steps, args.repeats, every=False)
+    return [dict(config=name, batch=batch, m=m, steps=steps, max_diff=r["max_diff"],
+                 ns_per_value=1e9 * r["seconds"] / (steps * batch * m)) for name, r in res.items()]
+
+
 def main(argv=None):
     ap = common.parser(__doc__)
     ap.add_argument("--batches", type=int, nargs="+", default=None)
@@ -736,6 +780,12 @@ def main(argv=None):
                    f"the library's inductor options): {floor:.1f} µs, spread over a block of "
                    f"K = {K} steps: {floor / K:.2f} µs a step before any arithmetic"
                    + (f" ({err})." if err else "."))
+            layouts = store_layouts(args)
+            data["store_layouts"] = layouts
+            md += ("\n\nStoring a batch-innermost state (m = 2, a stand-in step x·c, 16 steps a "
+                   "compiled call, fresh outputs):\n\n" + common.markdown_table(layouts, [
+                       ("config", "rows written as"), ("batch", "batch"), ("steps", "steps"),
+                       ("ns_per_value", "ns / value stored"), ("max_diff", "max |Δ| last row")]))
             sections.append(("Compiled every-state rollout: arithmetic and stores", md))
             print(md)
     if "small" in args.sections:

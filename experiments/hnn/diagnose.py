@@ -106,10 +106,20 @@ def local_frequency(model, q, p, h):
 
 
 def run_arm(arm, task, clean, *, seed, steps, every, lr, weight_decay, shooting, batch_size=None,
-            opt_options=None, schedule=None):
+            opt_options=None, schedule=None, oracle=False):
     seed_everything(seed)
     model = build_model(arm, task).float()
+    if oracle:              # the node states are the clean ones, fixed: nothing to solve
+        shooting = dict(shooting, gauss_newton=0, solve_every=1)
     tf = shooting_fit(arm, model, task.to(torch.float32), shooting=shooting)
+    if oracle:
+        S, seg, n = tf.n_segments, tf.segment, tf.dim
+        with torch.no_grad():
+            nodes = clean[:, :S * seg:seg].to(tf.q_nodes.dtype)
+            tf.q_nodes.copy_(nodes[..., :n])
+            tf.p_nodes.copy_(nodes[..., n:])
+        tf.q_nodes.requires_grad_(False)
+        tf.p_nodes.requires_grad_(False)
     opt = tf.optimizer(lr=lr, state_lr=state_lr(shooting), weight_decay=weight_decay,
                        **(opt_options or {}))
     B, S, seg = tf.trajectories, tf.n_segments, tf.segment
@@ -225,6 +235,9 @@ def main(argv=None):
     ap.add_argument("--solve-every", type=int, help="solve the node states at every k-th training "
                     "step only (TrajectoryFit's solve_every; with --gauss-newton)")
     ap.add_argument("--substeps", type=int, default=1, help="substeps of arm (e)")
+    ap.add_argument("--oracle-states", action="store_true",
+                    help="a probe: the shooting arms' node states fixed at the clean states (not "
+                         "estimated; the data stay noisy): what perfect state estimation would give")
     ap.add_argument("--method2")
     ap.add_argument("--substeps2", type=int)
     ap.add_argument("--schedule", choices=["cosine"], help="fit's lr_schedule (default: constant)")
@@ -254,11 +267,13 @@ def main(argv=None):
     arms = {a.key: a for a in make_arms(task, shooting=shooting)}
     out = {"task": args.task, "seed": args.seed, "data_seed": args.data_seed, "steps": args.steps,
            "shooting": shooting, "substeps_e": args.substeps, "batch_size": args.batch_size,
-           "state_optimizer": args.state_optimizer, "schedule": args.schedule, "arms": {}}
+           "state_optimizer": args.state_optimizer, "schedule": args.schedule,
+           "oracle_states": args.oracle_states, "arms": {}}
     md = [f"# diagnose {args.task}, tag {args.tag}", "",
           f"training seed {args.seed}, data seed {args.data_seed}, {args.steps} steps, lr {cfg['lr']}, wd {cfg['weight_decay']}, "
           f"batch {args.batch_size or 'full'}, shooting {shooting}, substeps of (e) {args.substeps}, "
-          f"state optimizer {args.state_optimizer or 'default'}, lr schedule {args.schedule or 'constant'}", ""]
+          f"state optimizer {args.state_optimizer or 'default'}, lr schedule {args.schedule or 'constant'}"
+          + (", node states fixed at the clean states (--oracle-states)" if args.oracle_states else ""), ""]
     for key in args.arms.split(","):
         arm = arms[key]
         if key == "e" and args.substeps > 1:
@@ -274,7 +289,7 @@ def main(argv=None):
                                       every=args.every, lr=cfg["lr"],
                                       weight_decay=cfg["weight_decay"], shooting=shooting,
                                       batch_size=args.batch_size, opt_options=opt_options,
-                                      schedule=args.schedule)
+                                      schedule=args.schedule, oracle=args.oracle_states)
         out["arms"][key] = {"label": arm.label, "rows": rows, "seconds": secs, "spikes": spk}
         md += [f"## {arm.label} ({secs:.0f} s)", "",
                "| step | loss | defect | node err | ε_H | energy MSE | state MSE | h·ω max | h·ω p99 |",
