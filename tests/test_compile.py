@@ -414,8 +414,53 @@ _INTO = pytest.mark.parametrize("into", [False, True], ids=["stacked", "into-row
 
 def _into(monkeypatch, into):
     """Every-state blocks that write their states into the rows inside the graph (``into``, the
-    path of states of at least INTO_MIN_NUMEL elements) or return them for one stack copy."""
-    monkeypatch.setattr(_compile, "INTO_MIN_NUMEL", 0 if into else 2 ** 62)
+    path of large states and of batch-innermost ones of few elements) or return them for one
+    stack copy."""
+    monkeypatch.setattr(_compile, "into_rows", lambda q, inner: into)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 9])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_row_major_state_interleaves_batch_innermost_states(monkeypatch, m, dtype):
+    """row_major_state: a batch-innermost (B, m) state comes out row-major with the same values,
+    eagerly and compiled (stored into a row, as the every-state blocks do); states of at most
+    INTERLEAVE_MAX elements by the torch.where chain (traced: counted), others by contiguous()."""
+    torch.manual_seed(m)
+    x = torch.randn(m, 300, dtype=dtype).t()                  # (300, m), batch-innermost
+    where, real = [], torch.where
+    monkeypatch.setattr(torch, "where", lambda *a: where.append(1) or real(*a))
+    y = _compile.row_major_state(x)
+    assert y.is_contiguous() and torch.equal(y, x)
+    assert len(where) == (m - 1 if m <= _compile.INTERLEAVE_MAX else 0)
+    monkeypatch.setattr(torch, "where", real)
+
+    def store(x, row):
+        row.copy_(_compile.row_major_state(x * 2.0))
+        return x
+
+    row = torch.empty(300, m, dtype=dtype)
+    torch.compile(store, dynamic=False)(x, row)
+    assert torch.equal(row, x * 2.0)
+
+
+def test_small_batch_innermost_states_go_into_the_rows(monkeypatch):
+    """By default (no patched rule) a batch-innermost state of few elements a trajectory below
+    INTO_MIN_NUMEL (Kepler, B = 300: 600 elements) runs the into-rows blocks, a wide one
+    (9 elements) the stacked blocks; both equal eager through a public rollout."""
+    monkeypatch.setattr(_compile, "LOOP_MAX_NUMEL", 0)
+    assert 300 * 9 < _compile.INTO_MIN_NUMEL and 2 <= _compile.INTERLEAVE_MAX < 9
+    torch.manual_seed(3)
+    for n, into in ((2, True), (9, False)):
+        system = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1),
+                                          lambda q: 0.5 * (q * q).sum(-1) + 0.1 * (q ** 4).sum(-1))
+        q0, p0 = torch.randn(300, n, dtype=torch.float64), torch.randn(300, n, dtype=torch.float64)
+        with torch.no_grad():
+            qe, pe = tgi.rollout(system, q0, p0, h=0.01, steps=40)
+            qc, pc = tgi.rollout(system, q0, p0, h=0.01, steps=40, compile=True)
+        assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
+        keys = [key for key in _compile._kernels(tgi.METHODS["verlet"], system)._blocks
+                if len(key) == 4 and key[1]]
+        assert keys and all(key[-1] is into for key in keys), (n, keys)
 
 
 @_INTO

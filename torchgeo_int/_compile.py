@@ -140,13 +140,22 @@ FIELDS_MIN = 2 ** 15
 #: number of elements per trajectory for which they do (a wide state vectorises well as it is).
 LAYOUT_MIN_BATCH = 256
 LAYOUT_MAX_EVENT = 64
+#: largest number of elements per trajectory whose batch-innermost states the every-state
+#: blocks write row-major by a chain of ``torch.where`` (:func:`row_major_state`), into the
+#: output rows at any size (``CompiledStep.saves``).  Measured (``python -m
+#: experiments.bench.limits --sections compute``: a compiled stand-in block, B = 4096, ns per
+#: value stored, transposed copy / ``torch.where`` chain on a realized state): 2 elements
+#: 1.76 / 1.01, 4: 1.48 / 0.84, 8: 1.05 / 0.77, 12: 1.40 / 1.54, 16: 1.09 / 1.77.
+INTERLEAVE_MAX = 8
 #: largest CPU state (numel(q)) whose stretches run as compiled loops (``CompiledStep.long_steps``)
 #: rather than a Python loop over compiled blocks (Kepler: on a par with the blocks at B = 4096,
 #: final state, and B = 512, every state; faster below).
 LOOP_MAX_NUMEL = 2048
 #: smallest state (numel(q)) whose every-state blocks write their states straight into the
 #: output rows (graph inputs); below it they return them and one stack copies them there,
-#: since 2K more inputs cost guards and Python per call (``CompiledStep.saves``)
+#: since 2K more inputs cost guards and Python per call (``CompiledStep.saves``) — except
+#: batch-innermost states of at most ``INTERLEAVE_MAX`` elements a trajectory, which go into
+#: the rows at any size
 INTO_MIN_NUMEL = 2 ** 14
 #: largest number of elements (states × numel(q)) of the rows a compiled loop that keeps every
 #: state carries: it writes them functionally, a copy of the rows per block, so one call
@@ -168,14 +177,46 @@ def default_block(integrator, system) -> int:
     return max(1, BLOCK_BUDGET // max(1, len(split[1])))
 
 
+def inner_layout(x) -> bool:
+    """Whether blocks run x batch-innermost: a tensor of at least 2 dims on the CPU (measured
+    there only: inductor's GPU kernels are another story) with at least ``LAYOUT_MIN_BATCH``
+    rows of at most ``LAYOUT_MAX_EVENT`` elements."""
+    return (isinstance(x, torch.Tensor) and x.device.type == "cpu" and x.dim() >= 2
+            and x.shape[0] >= LAYOUT_MIN_BATCH and x[0].numel() <= LAYOUT_MAX_EVENT)
+
+
 def batch_inner(x):
     """x with the same shape and values, laid out with dim 0 as the stride-1 axis (see the module
-    docstring); x itself when it is small, wide, not a tensor of at least 2 dims, or not on the
-    CPU (measured there only: inductor's GPU kernels are another story)."""
-    if (not isinstance(x, torch.Tensor) or x.device.type != "cpu" or x.dim() < 2
-            or x.shape[0] < LAYOUT_MIN_BATCH or x[0].numel() > LAYOUT_MAX_EVENT):
+    docstring), where :func:`inner_layout`; else x itself."""
+    if not inner_layout(x):
         return x
     return x.movedim(0, -1).contiguous().movedim(-1, 0)
+
+
+def row_major_state(x):
+    """x (B, *event) row-major, inside a graph.  A batch-innermost x of at most
+    ``INTERLEAVE_MAX`` elements per trajectory is stored once as it is (inductor's
+    ``force_stride_order``) and interleaved from there by a chain of ``torch.where`` over its
+    components: inductor emits a plain loop that reads each component contiguously and writes
+    each row once.  ``contiguous()`` becomes a transposing copy through tiles of (event × 16)
+    with a partial store per trajectory; and the chain on an unstored x lets inductor recompute
+    the step inside the store loop, vectorised along the event's few elements (Kepler, B = 4096,
+    every state compiled: ×1.6, ×2.1 and ×1.45 the numba loop, in that order).  Any other x,
+    or a torch without that prim: ``contiguous()``."""
+    if x.dim() < 2 or x.is_contiguous() or x.stride(0) != 1 or x[0].numel() > INTERLEAVE_MAX:
+        return x.contiguous()
+    try:
+        from torch._inductor.inductor_prims import force_stride_order
+    except ImportError:
+        return x.contiguous()
+    x = force_stride_order(x, x.stride())
+    B, m = x.shape[0], x[0].numel()
+    cols = x.movedim(0, -1).reshape(m, B)            # the components, each contiguous
+    k = torch.arange(m, device=x.device)
+    out = cols[m - 1].unsqueeze(-1).expand(B, m)
+    for j in range(m - 2, -1, -1):
+        out = torch.where(k == j, cols[j].unsqueeze(-1), out)
+    return out.reshape(x.shape)
 
 
 def _why(err):
@@ -388,24 +429,33 @@ def _force_of(cache, q):
     return cache
 
 
+def into_rows(q, inner) -> bool:
+    """Whether every-state blocks of state q write into the output rows inside the graph
+    (``CompiledStep.saves``): states of at least ``INTO_MIN_NUMEL`` elements, and batch-innermost
+    ones (``inner``: the blocks take that layout) of at most ``INTERLEAVE_MAX`` a trajectory."""
+    return q.numel() >= INTO_MIN_NUMEL or (inner and inner_layout(q)
+                                           and q[0].numel() <= INTERLEAVE_MAX)
+
+
 def _steps(eager, q, p, force, t, h, n, keep_all, rows=()):
     """What the graphs trace: the eager stepper's n steps from (q, p, force) at t ->
     (q, p, force, qs, ps); with ``keep_all`` as ``steps(1)`` n times, qs and ps the lists of the
     n states, each row-major (``contiguous``: the output rows' layout, whatever the graph's),
     else ``steps(n)`` and empty lists; with ``rows`` (the n rows of q, then the n of p: each
     a whole input, so that the kernel computing a state stores it there) the states are
-    written into them instead, and the lists are empty."""
+    written into them instead, and the lists are empty.  Rows are written by
+    :func:`row_major_state`."""
     if not keep_all:
         return (*eager.steps(q, p, t, h, n, force), [], [])
     qs, ps = [], []
     for j in range(n):
         q, p, force = eager.steps(q, p, t, h, 1, force, start=j)
         if rows:
-            rows[j].copy_(q)
-            rows[n + j].copy_(p)
+            rows[j].copy_(row_major_state(q))
+            rows[n + j].copy_(row_major_state(p))
         else:
-            qs.append(q.contiguous())
-            ps.append(p.contiguous())
+            qs.append(row_major_state(q))
+            ps.append(row_major_state(p))
     return q, p, force, qs, ps
 
 
@@ -829,8 +879,9 @@ class CompiledStep(Stepper):
     def saves(self, q, p, t0, h, n, cache=None, *, start=0, rows):
         """Every state written: compiled blocks of K steps each return their K states, written
         into K rows by one ``torch.stack(out=)`` — no Python per step, the point at small
-        batches — or, for states of at least ``INTO_MIN_NUMEL`` elements, write them into the
-        rows inside the graph (no second copy of each state, the point at large batches); the
+        batches — or, for states of at least ``INTO_MIN_NUMEL`` elements and batch-innermost
+        ones of few (``INTERLEAVE_MAX``), write them into the rows inside the graph (no second
+        copy of each state, the point at large batches; :func:`row_major_state`); the
         block's last state and force go on to the next block in its layout (see
         ``run_block``); the last ``n mod K`` steps run eagerly (no second graph to compile)."""
         k, K = self.kernels, self.block
@@ -845,7 +896,11 @@ class CompiledStep(Stepper):
             return super().saves(q, p, t0, h, n, cache, start=start, rows=rows)
         qs, ps = rows
         system, force, eager = self.system, _force_of(cache, q), self.eager
-        into = q.numel() >= INTO_MIN_NUMEL
+        # into the rows: large states, and batch-innermost ones that row_major_state
+        # interleaves (there the stacked path's extra copy costs more than the inputs: Kepler,
+        # B = 1100 / 2048 / 4096, 18.4 / 15.6 / 12.3 against 17.2 / 13.9 / 10.6 ns a step·
+        # trajectory)
+        into = into_rows(q, k.inner)
         full, j = n - n % K, 0
         while j < full and not k.failed:     # (a block that fell back to eager: the rest eagerly)
             t = t0 + (start + j) * h
