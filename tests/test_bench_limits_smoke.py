@@ -86,7 +86,7 @@ def test_limits_compute_section_compares_every_state_with_final_state(tmp_path, 
     assert len(layouts) == 3 and all(r["max_diff"] == 0.0 and r["ns_per_value"] > 0 for r in layouts)
     md = (tmp_path / "limits.md").read_text()
     assert "arithmetic and stores" in md and "torch.compile's own cost per call" in md
-    assert "torch.where over the components" in md
+    assert "row_major_state (torch.where over the components)" in md
 
 
 def test_limits_loops_are_the_hand_loop_in_scalars():

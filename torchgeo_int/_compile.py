@@ -142,10 +142,11 @@ LAYOUT_MIN_BATCH = 256
 LAYOUT_MAX_EVENT = 64
 #: largest number of elements per trajectory whose batch-innermost states the every-state
 #: blocks write row-major by a chain of ``torch.where`` (:func:`row_major_state`), into the
-#: output rows at any size (``CompiledStep.saves``).  Measured (``python -m
-#: experiments.bench.limits --sections compute``: a compiled stand-in block, B = 4096, ns per
-#: value stored, transposed copy / ``torch.where`` chain on a realized state): 2 elements
-#: 1.76 / 1.01, 4: 1.48 / 0.84, 8: 1.05 / 0.77, 12: 1.40 / 1.54, 16: 1.09 / 1.77.
+#: output rows at any size (``CompiledStep.saves``).  The chain costs one select per element
+#: and component, so it pays for few: a compiled stand-in block writing stored states, B = 4096,
+#: ns per value, transposed copy / chain (a scratch sweep, one AVX-512 core; ``python -m
+#: experiments.bench.limits --sections compute`` measures 2 elements): 2 elements 1.76 / 1.01,
+#: 4: 1.48 / 0.84, 8: 1.05 / 0.77, 12: 1.40 / 1.54, 16: 1.09 / 1.77.
 INTERLEAVE_MAX = 8
 #: largest CPU state (numel(q)) whose stretches run as compiled loops (``CompiledStep.long_steps``)
 #: rather than a Python loop over compiled blocks (Kepler: on a par with the blocks at B = 4096,

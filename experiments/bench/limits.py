@@ -662,24 +662,18 @@ def store_layouts(args, m=2, K=16):
     """What storing costs a compiled block whose states are batch-innermost (the CPU blocks'
     layout, ``_compile.batch_inner``): K steps of a stand-in step x ↦ x·c on x of shape (m, B)
     compiled into one graph that writes each state into a row of a fresh (steps, …) output, in
-    three ways — a row-major row (B, m) by ``copy_(x.t())`` (what the every-state blocks do), a
-    batch-innermost row (m, B) by a plain copy (no transposition: the floor), and a row-major
-    row by a chain of ``torch.where`` over the m components.  ns per value stored (m values a
-    state·trajectory), best of the rounds, side by side."""
+    three ways — a row-major row (B, m) by ``copy_(x.t())`` (a transposing copy: the blocks'
+    way before ``row_major_state``), a batch-innermost row (m, B) by a plain copy (no
+    transposition: the floor), and a row-major row by ``_compile.row_major_state`` (the state
+    stored once, then a chain of ``torch.where`` over the m components: the blocks' way now).
+    ns per value stored (m values a state·trajectory), best of the rounds, side by side."""
     batch = 256 if args.quick else 4096
     steps = K * (4 if args.quick else 64)
     x0 = torch.randn(m, batch, dtype=torch.float64)
-
-    def where_rows(x):
-        k = torch.arange(m)
-        out = x[m - 1].unsqueeze(-1).expand(-1, m)
-        for j in range(m - 2, -1, -1):
-            out = torch.where(k == j, x[j].unsqueeze(-1), out)
-        return out
-
-    ways = {"row-major rows, transposed copy (the blocks' way)": ((batch, m), lambda x: x.t()),
+    ways = {"row-major rows, transposed copy": ((batch, m), lambda x: x.t()),
             "batch-innermost rows, plain copy (no transposition)": ((m, batch), lambda x: x),
-            "row-major rows, torch.where over the components": ((batch, m), where_rows)}
+            "row-major rows, row_major_state (torch.where over the components)":
+                ((batch, m), lambda x: _compile.row_major_state(x.t()))}
     runs = {}
     for name, (shape, form) in ways.items():
         def block(x, *rows, form=form):
