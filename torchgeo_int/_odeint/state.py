@@ -20,9 +20,9 @@ class TimePool:
     reused (a func that keeps its t keeps its value), as torchdiffeq's t[i] are views of its
     grid.  Why: a tensor made per call (``torch.from_numpy(np.array(t))``, the cheapest single
     one) costs ≈ 0.9 µs with its release; a slot costs a numpy store and a list index plus its
-    share of the ``unbind`` (≈ 0.6 µs in all).  Against the previous commit, in one process:
-    3 % off a 64-trajectory Kepler Verlet step of odeint (issue 20's gap to a hand loop that
-    passes one t throughout)."""
+    share of the ``unbind`` (≈ 0.6 µs in all).  Against a tensor made per call, in one
+    process: 3 % off a 64-trajectory Kepler Verlet step of odeint (issue 20's gap to a hand
+    loop that passes one t throughout)."""
 
     SIZE = 1024
 
@@ -221,7 +221,7 @@ class PartitionedState:
         checked, split, y_shape, is_tuple = self.checked, self.split, self.y_shape, self.is_tuple
         compiling, plain, Tensor = torch.compiler.is_compiling, caller.plain, torch.Tensor
         # (t is a float from the steppers: the pool's tensor without tensor_time's frame)
-        time = caller.pool or caller.tensor_time
+        pool, tensor_time = caller.pool, caller.tensor_time
         kept = [None, None]
 
         def make(part, slow):
@@ -233,7 +233,7 @@ class PartitionedState:
                 z = kept[part]
                 if z is None:   # (a natural state keeps its shapes: one lookup per system)
                     z = kept[part] = zeros.setdefault((part, x.shape), x.new_zeros(shape))
-                tt = time(t) if type(t) is float else caller.tensor_time(t)
+                tt = pool(t) if pool is not None and type(t) is float else tensor_time(t)
                 if is_tuple:
                     out = func(tt, (z, x) if part == 0 else (x, z))
                     if isinstance(out, (tuple, list)) and len(out) == 2:
