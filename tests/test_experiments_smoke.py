@@ -252,7 +252,7 @@ def test_torchdiffeq_master_runs_our_side_and_says_why_not_theirs(tmp_path, caps
         torchdiffeq_master.main(["--torchdiffeq-src", str(tmp_path), "--out", str(tmp_path), *QUIET])
 
 
-def test_hnn_diagnose_tiny(tmp_path):
+def test_hnn_diagnose_tiny(tmp_path, capsys):
     """experiments.hnn.diagnose: the shooting arms' training log (loss, defect, node-state error
     against the replayed clean states, ε_H, energy MSE, h·ω) on a development seed."""
     from experiments.hnn import diagnose
@@ -278,6 +278,14 @@ def test_hnn_diagnose_tiny(tmp_path):
     rows = rep["arms"]["e"]["rows"]
     assert rep["oracle_states"] and [r["step"] for r in rows] == [0, 1, 2]
     assert max(r["node_err"] for r in rows) < 1e-6 and rows[-1]["loss"] != rows[0]["loss"]
+    # an arm without node states is refused with --oracle-states (not run as if unchanged), and
+    # an unknown arm is named, both before any training
+    for bad, says in ((["--arms", "e,a"], "arm(s) a have none"), (["--arms", "zz"], "unknown arm(s) zz")):
+        with pytest.raises(SystemExit):
+            diagnose.main(["--task", "twobody_noisy", "--trajectories", "10", "--steps", "2",
+                           "--oracle-states", "--out", str(tmp_path), "--tag", "x", *bad])
+        assert says in capsys.readouterr().err
+    assert not (tmp_path / "diagnose_twobody_noisy_x.json").exists()
     assert diagnose.spikes([3.0, 2.0, 1.0, 1.1, 1.0, 1.2, 1.3], start=0, rise=0.05) == \
         {"steps_above": 3, "max_rise": pytest.approx(0.3), "onsets": [4, 6]}
 

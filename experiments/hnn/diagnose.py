@@ -265,6 +265,16 @@ def main(argv=None):
     if shooting.get("segment") == 0:     # as in run.py: 0 asks for single shooting
         shooting["segment"] = None
     arms = {a.key: a for a in make_arms(task, shooting=shooting)}
+    keys = args.arms.split(",")
+    unknown = [k for k in keys if k not in arms]
+    if unknown:
+        ap.error(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(arms)}")
+    if args.oracle_states:   # only the shooting arms have node states to fix
+        plain = [k for k in keys if arms[k].loss != "shooting"]
+        if plain:
+            ap.error(f"--oracle-states fixes shooting node states; arm(s) {', '.join(plain)} have "
+                     f"none (shooting arms: "
+                     f"{', '.join(k for k, a in arms.items() if a.loss == 'shooting')})")
     out = {"task": args.task, "seed": args.seed, "data_seed": args.data_seed, "steps": args.steps,
            "shooting": shooting, "substeps_e": args.substeps, "batch_size": args.batch_size,
            "state_optimizer": args.state_optimizer, "schedule": args.schedule,
@@ -274,7 +284,7 @@ def main(argv=None):
           f"batch {args.batch_size or 'full'}, shooting {shooting}, substeps of (e) {args.substeps}, "
           f"state optimizer {args.state_optimizer or 'default'}, lr schedule {args.schedule or 'constant'}"
           + (", node states fixed at the clean states (--oracle-states)" if args.oracle_states else ""), ""]
-    for key in args.arms.split(","):
+    for key in keys:
         arm = arms[key]
         if key == "e" and args.substeps > 1:
             from dataclasses import replace
