@@ -216,36 +216,37 @@ def _split_steps(pairs, last, velocity, force_term, q, p, t, h, force, timed=Tru
 
 def splitting_step(kicks, drifts, system) -> Stepper:
     """``run_splitting`` bound to one system: same operations in the same order (so the same
-    result, bit for bit), with ∂T/∂p and the force term fetched once and, for a time-independent
-    system, called without t (a :class:`SplittingStepper`)."""
+    result, bit for bit), with ∂T/∂p and the force term fetched once (a
+    :class:`SplittingStepper`); a time-independent system that has cheaper halves
+    (``System.halves``) is called through them, without t."""
     pairs, last = _signed(kicks, drifts, system.force_sign)
     halves = system.halves()
     if halves is None:
-        velocity, force_term = system.velocity, system.force_term
-
-        def step(_system, q, p, t, h, force=None):
-            return _split_steps(pairs, last, velocity, force_term, q, p, t, h, force)
-        return Stepper(system, step)
+        return SplittingStepper(system, pairs, last, system.velocity, system.force_term, True)
     return SplittingStepper(system, pairs, last, *halves)
 
 
 class SplittingStepper(Stepper):
-    """A kick/drift sequence on a system that ignores t: ``steps`` is the loop of a
-    hand-written integrator (the system's halves called without t) and writes its last state
-    into ``out`` (see ``_split_steps``); ``step`` is ``steps`` with n = 1."""
+    """A kick/drift sequence bound to one system: ``steps`` is the loop of a hand-written
+    integrator (the step times t0 + j·h, its halves called with t, or without it when
+    ``timed`` is False) and writes its last state into ``out`` (see ``_split_steps``); ``step``
+    is ``steps`` with n = 1.  (One class for both: a time-dependent system's stretch, odeint's
+    separable funcs among them, also ends in the output rows without a copy.)"""
 
     writes_out = True
 
-    def __init__(self, system, pairs, last, velocity, force_term):
+    def __init__(self, system, pairs, last, velocity, force_term, timed=False):
         super().__init__(system)
         self.pairs, self.last, self.velocity, self.force_term = pairs, last, velocity, force_term
+        self.timed = timed
 
     def steps(self, q, p, t0, h, n, cache=None, *, start=0, out=None):
-        pairs, last, velocity, force_term, force = (self.pairs, self.last, self.velocity,
-                                                    self.force_term, cache)
+        pairs, last, velocity, force_term, force, timed = (self.pairs, self.last, self.velocity,
+                                                           self.force_term, cache, self.timed)
         for i in range(n):
-            q, p, force = _split_steps(pairs, last, velocity, force_term, q, p, 0.0, h, force,
-                                       False, out if i == n - 1 else None)
+            q, p, force = _split_steps(pairs, last, velocity, force_term, q, p,
+                                       t0 + (start + i) * h if timed else 0.0, h, force, timed,
+                                       out if i == n - 1 else None)
         return q, p, force
 
     def step(self, system, q, p, t, h, cache=None):
