@@ -261,3 +261,28 @@ def test_output_buffers_large_ones_on_huge_pages_same_values():
         qs, ps = tgi.rollout(sys_, q0[:8], p0[:8], h=0.1, steps=200, method="verlet")
     assert torch.equal(q[:, :8], qs) and torch.equal(p[:, :8], ps)
     assert q.is_contiguous() and q.shape == (201, 4096, 1)
+
+
+def test_finiteness_check_by_sums_decides_as_the_elementwise_one():
+    """rollout's check sums each state (one reduction) and decides element by element only when
+    the sum is not finite: the same answer for NaN, ±inf, inf − inf, finite values whose sum
+    overflows, complex and empty states, every float dtype."""
+    from torchgeo_int import _loop
+
+    def exact(states):
+        return all(bool(torch.isfinite(x).all()) for x in states)
+
+    for dtype in (torch.float64, torch.float32, torch.bfloat16, torch.complex128):
+        big = torch.finfo(torch.float32 if dtype.is_complex else dtype).max
+        cases = [torch.ones(5, dtype=dtype), torch.full((4,), big, dtype=dtype),   # sum overflows
+                 torch.tensor([1.0, float("nan")]).to(dtype),
+                 torch.tensor([float("inf"), -float("inf")]).to(dtype),
+                 torch.tensor([float("-inf"), 2.0]).to(dtype), torch.zeros(0, dtype=dtype)]
+        for a in cases:
+            for b in cases:
+                assert _loop._finite((a, b)) == exact((a, b)), (dtype, a, b)
+    assert _loop._finite(())
+    with pytest.raises(FloatingPointError, match="non-finite"):   # through a rollout
+        tgi.rollout(tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1),
+                                             lambda q: -(q ** 4).sum(-1)),
+                    torch.tensor([2.0]), torch.tensor([0.0]), h=0.5, steps=64, method="verlet")
