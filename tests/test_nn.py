@@ -308,6 +308,59 @@ def test_module_defaults_and_structure():
     assert torch.equal(torch.cat([dq, dp], -1), f(0.0, torch.cat([q, p], -1)))
 
 
+@pytest.mark.parametrize("activation", ["tanh", "softplus", "sigmoid", "silu", "gelu", "elu", "sin"])
+def test_closed_form_input_gradient_equals_autograds(activation):
+    """MLP.input_grad equals autograd's ∇ of the output, and so do its own derivatives (what a
+    loss trained through the forces differentiates): in the input and in every parameter."""
+    torch.manual_seed(7)
+    net = tgi.nn.MLP(3, 1, width=9, depth=3, activation=activation)
+    assert net.closed_form_grad
+    x = (3 * torch.randn(4, 5, 3)).requires_grad_()
+    if activation == "softplus":           # both sides of torch's linear switch at βz = 20
+        net[0].bias.data[:3] = torch.tensor([30.0, -30.0, 25.0])
+    ref, = torch.autograd.grad(net(x).sum(), x, create_graph=True)
+    g = net.input_grad(x)
+    assert g.shape == x.shape
+    assert torch.allclose(g, ref, rtol=1e-13, atol=1e-14)
+    v = torch.randn_like(g)
+    inputs = [x, *net.parameters()]
+    for a, b in zip(torch.autograd.grad((g * v).sum(), inputs), torch.autograd.grad((ref * v).sum(), inputs)):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-13)
+
+
+def test_hnn_modules_take_the_closed_form_forces_and_fall_back_to_autograd():
+    """The HNN modules' ∇H come from MLP.input_grad (the same values as autograd of their H);
+    an activation without a closed form (GELU's tanh approximation, a user's module) keeps
+    autograd's, and input_grad refuses it clearly."""
+    torch.manual_seed(8)
+    q, p = torch.randn(6, 2, requires_grad=True), torch.randn(6, 2, requires_grad=True)
+
+    def autograd_grads(model):
+        return torch.autograd.grad(model.hamiltonian(q, p).sum(), (q, p))
+
+    sep, hnn, mech = SeparableHNN(2, **TINY), HNN(2, **TINY), MechanicalHNN(2, constant_mass=True, **TINY)
+    assert sep.kinetic_grad is not None and sep.potential_grad is not None and hnn._grad is not None
+    for model in (sep, hnn, mech):
+        for a, b in zip(model.gradients(q, p), autograd_grads(model)):
+            assert torch.allclose(a, b, rtol=1e-13, atol=1e-15)
+    assert torch.allclose(mech.force(q), -autograd_grads(mech)[0], rtol=1e-13, atol=1e-15)
+    approx = lambda: nn.GELU(approximate="tanh")          # noqa: E731
+    for model in (SeparableHNN(2, activation=approx, **TINY), HNN(2, activation=approx, **TINY)):
+        assert getattr(model, "kinetic_grad", None) is None and model._grad is None
+        for a, b in zip(model.gradients(q, p), autograd_grads(model)):
+            assert torch.allclose(a, b, rtol=1e-13, atol=1e-15)
+    net = tgi.nn.MLP(2, 1, activation=approx, **TINY)
+    assert not net.closed_form_grad
+    with pytest.raises(ValueError, match="closed-form derivative.*GELU"):
+        net.input_grad(q)
+    with pytest.raises(ValueError, match="out_dim = 2"):
+        tgi.nn.MLP(2, 2, **TINY).input_grad(q)
+    with pytest.raises(ValueError, match=r"inputs of shape \(\.\.\., 2\)"):
+        sep.potential.grad(torch.randn(6, 3))
+    with pytest.raises(ValueError, match="same shape"):
+        hnn.gradients(q, torch.randn(5, 2))
+
+
 def _symplectic_defect(step, q, p):
     n = q.shape[-1]
     J0 = torch.zeros(2 * n, 2 * n)

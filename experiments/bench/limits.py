@@ -29,7 +29,9 @@ Sections besides the table (``--sections``):
 
 * ``training``: one training step (forward + backward + Adam) of a 10-step Verlet rollout loss
   through a ``SeparableHNN`` (batch 256, width 200, float32) against derivative matching of the
-  same model on the same batch (all 11 states of each window);
+  same model on the same batch (all 11 states of each window); both again with the networks'
+  forces by autograd instead of in closed form (``MLP.input_grad``), and an eager Verlet
+  rollout of a ``SeparableHNN`` at B = 1, 256, 4096 both ways;
 * ``odeint``: ``tgi.odeint(func, (q0, p0), t, method="verlet", options=dict(separable=True,
   step_size=h))`` with an analytic ``func`` against a hand loop that calls the same ``func``
   twice a step (the same evaluations), B = 4096, final state only; and torchdiffeq's style,
@@ -419,13 +421,17 @@ def training(args):
     batch, window, width = (32, 3, 32) if args.quick else (256, 10, 200)
     data = tc.make_data(batch, window)
     make = lambda: tnn.SeparableHNN(1, width=width, depth=2)  # noqa: E731
-    confs = {"derivative matching": lambda m, d: tc.derivative_loss(m, d[0], d[1], d[2], d[3]),
-             "rollout loss, verlet": lambda m, d: tc.rollout_loss(m, "verlet", d[0], d[1])}
+    slow = lambda: autograd_forces(make())                   # noqa: E731
+    derivative = lambda m, d: tc.derivative_loss(m, d[0], d[1], d[2], d[3])  # noqa: E731
+    verlet = lambda m, d: tc.rollout_loss(m, "verlet", d[0], d[1])         # noqa: E731
+    confs = {"derivative matching": (make, derivative), "rollout loss, verlet": (make, verlet),
+             "derivative matching, autograd forces": (slow, derivative),
+             "rollout loss, verlet, autograd forces": (slow, verlet)}
     repeats = 2 if args.quick else 7
     rows, best = [], {}
     for _ in range(1 if args.quick else 2):       # two interleaved passes: best of both
-        for name, loss in confs.items():
-            r = tc.measure(name, make, loss, data, repeats, "cpu")
+        for name, (model, loss) in confs.items():
+            r = tc.measure(name, model, loss, data, repeats, "cpu")
             best[name] = min(best.get(name, math.inf), r["ms_per_step"])
     for name in confs:
         rows.append(dict(config=name, ms_per_step=best[name],
@@ -433,6 +439,35 @@ def training(args):
     setup = (f"SeparableHNN(1, width={width}, depth=2), pendulum windows: batch {batch}, "
              f"{window} steps of dt = {tc.DT}, float32, one training step = loss, backward, Adam")
     return setup, rows
+
+
+def autograd_forces(model):
+    """A ``SeparableHNN``'s networks as ``SeparableHamiltonian(T, V)`` with ∂T/∂p and ∂V/∂q by
+    autograd (the path before the closed-form forces of ``MLP.input_grad``), for side-by-side
+    rows; the parameters are the model's."""
+    return tgi.SeparableHamiltonian(model.kinetic, model.potential, time_dependent=False)
+
+
+def hnn_rollouts(args):
+    """µs per eager Verlet step of a ``SeparableHNN`` (dim 2, width 200, float32), every state
+    kept, no_grad: closed-form forces against autograd's, side by side, B = 1, 256, 4096."""
+    from torchgeo_int import nn as tnn
+
+    rows = []
+    for batch in ([1, 64] if args.quick else [1, 256, 4096]):
+        torch.manual_seed(0)
+        model = tnn.SeparableHNN(2, width=32 if args.quick else 200).float()
+        q0, p0 = (0.5 * torch.randn(batch, 2, dtype=torch.float32) for _ in range(2))
+        steps = 16 if args.quick else max(20, min(400, 2 ** 17 // batch))
+        run = lambda system: (lambda q, p, n: tgi.rollout(system, q, p, h=0.1, steps=n))  # noqa: E731
+        confs = {"closed-form forces": (run(model), True),
+                 "autograd forces": (run(autograd_forces(model)), True)}
+        res = side_by_side(confs, q0, p0, steps, args.repeats, budget=2.0)
+        for name, r in res.items():
+            rows.append(dict(batch=batch, config=name, steps=steps, us=1e6 * r["seconds"] / steps,
+                             ratio=r["seconds"] / res["closed-form forces"]["seconds"],
+                             max_diff=r["max_diff"]))
+    return rows
 
 
 def odeint_vs_hand(args):
@@ -728,8 +763,15 @@ def main(argv=None):
         md = setup + "\n\n" + common.markdown_table(rows, [
             ("config", "loss"), ("ms_per_step", "ms / training step"),
             ("vs_derivative", "× derivative matching")])
-        sections.append(("Training step (forward + backward + Adam)", md))
-        print(md)
+        rows = hnn_rollouts(args)
+        data["hnn_rollouts"] = rows
+        md2 = ("Eager Verlet rollout of a `SeparableHNN(2, width=200)`, float32, every state "
+               "kept, no_grad:\n\n" + common.markdown_table(rows, [
+                   ("batch", "batch"), ("config", "forces"), ("steps", "steps"),
+                   ("us", "µs / step"), ("ratio", "× closed form"),
+                   ("max_diff", "max |Δ| final")]))
+        sections.append(("Training step (forward + backward + Adam)", md + "\n\n" + md2))
+        print(md + "\n\n" + md2)
     if "odeint" in args.sections:
         batch, steps, res = odeint_vs_hand(args)
         data["odeint"] = dict(batch=batch, steps=steps, rows=res)

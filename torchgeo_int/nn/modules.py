@@ -11,8 +11,10 @@ r"""Learned Hamiltonians (and one unstructured baseline) that every integrator a
 
 The Hamiltonian modules subclass :class:`torchgeo_int.Hamiltonian` /
 :class:`torchgeo_int.SeparableHamiltonian`, so ``tgi.rollout``, every integrator, the losses and
-the layers take them as they take a hand-written H; X_H comes from autograd (with
-``create_graph`` under grad mode, so a loss differentiates through it).
+the layers take them as they take a hand-written H.  X_H is the MLPs' closed-form input
+gradient (:meth:`MLP.input_grad`, the reverse sweep written out: plain tensor operations, so a
+loss differentiates through it with one backward pass), or autograd's (``create_graph`` under
+grad mode) for an activation without a closed form.
 
 States are ``q, p`` of shape ``(..., dim)``; batch dims lead and are free.  The MLPs default to
 the HNN paper's 2 hidden layers × 200, tanh, orthogonal weight initialisation.
@@ -46,6 +48,47 @@ ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "gelu": nn.GELU, "elu": nn.ELU, "sin": Sin,
 }
 INITS = ("orthogonal", "default")
+
+
+# Each rule is g ↦ g ⊙ σ'(z) for an activation module σ with input z and output a = σ(z): one
+# step of the reverse sweep of MLP.input_grad.  tanh and sigmoid use the kernels of their own
+# autograd backward (one op instead of three; differentiable again, so losses train through
+# them).
+def _softplus_vjp(act, g, z, a):
+    bz = act.beta * z                  # torch's softplus is linear where βz > threshold
+    return g * torch.where(bz > act.threshold, torch.ones_like(z), torch.sigmoid(bz))
+
+
+def _silu_vjp(act, g, z, a):
+    s = torch.sigmoid(z)
+    return g * (s * (1 + z * (1 - s)))
+
+
+def _gelu_vjp(act, g, z, a):           # exact GELU z Φ(z) (the tanh approximation: autograd)
+    return g * (0.5 * (1 + torch.erf(z * math.sqrt(0.5)))
+                + z * torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi))
+
+
+def _elu_vjp(act, g, z, a):
+    return g * torch.where(z > 0, torch.ones_like(z), a + act.alpha)
+
+
+def _rule(act):
+    """The DERIVATIVES rule of an activation module, None if it has none."""
+    if isinstance(act, nn.GELU) and act.approximate != "none":
+        return None
+    return DERIVATIVES.get(type(act))
+
+
+#: The activations with a closed-form derivative (:meth:`MLP.input_grad`): type → the rule
+#: g ↦ g ⊙ σ'(z) given (module, g, z, a = σ(z)).  A type not listed (or GELU's tanh
+#: approximation) leaves the gradient to autograd.
+DERIVATIVES: dict[type, Callable] = {
+    nn.Tanh: lambda act, g, z, a: torch.ops.aten.tanh_backward(g, a),
+    nn.Sigmoid: lambda act, g, z, a: torch.ops.aten.sigmoid_backward(g, a),
+    nn.Softplus: _softplus_vjp, nn.SiLU: _silu_vjp, nn.GELU: _gelu_vjp, nn.ELU: _elu_vjp,
+    Sin: lambda act, g, z, a: g * torch.cos(z),
+}
 
 
 def _activation(activation) -> Callable[[], nn.Module]:
@@ -88,16 +131,56 @@ class MLP(nn.Sequential):
                 if isinstance(m, nn.Linear):
                     nn.init.orthogonal_(m.weight)
 
-    def forward(self, x):
+    def _check_input(self, x):
         if x.shape[-1] != self.in_dim:
             raise ValueError(f"this network takes inputs of shape (..., {self.in_dim}), "
                              f"got shape {tuple(x.shape)}")
+
+    def forward(self, x):
+        self._check_input(x)
         return super().forward(x)
+
+    @property
+    def closed_form_grad(self) -> bool:
+        """Whether :meth:`input_grad` applies: one output, every activation one of
+        ``DERIVATIVES`` (checked at each call, so a layer swapped in later counts)."""
+        return self.out_dim == 1 and all(_rule(m) is not None for m in list(self)[1::2])
+
+    def input_grad(self, x: Tensor) -> Tensor:
+        r"""∂f/∂x of the scalar output f = w_Lᵀ σ(z_L), z_k = W_k a_{k−1} + b_k, a_0 = x, in
+        closed form: the reverse sweep written out,
+
+            ∂f/∂z_L = w_L ⊙ σ'(z_L),   ∂f/∂z_{k−1} = (∂f/∂z_k W_k) ⊙ σ'(z_{k−1}),   ∂f/∂x = ∂f/∂z_1 W_1,
+
+        shape ``x.shape``.  The same numbers as ``torch.autograd.grad`` of the output (up to
+        rounding) without the autograd engine: the forces of a learned H cost plain tensor
+        operations, and under grad mode a loss differentiates them with one backward pass
+        instead of a double backward.  Needs :attr:`closed_form_grad` (a clear error if not)."""
+        self._check_input(x)
+        layers = list(self)
+        acts, a = [], x                                   # forward: (rule, σ_k, z_k, a_k)
+        for lin, act in zip(layers[:-1:2], layers[1::2]):
+            rule = _rule(act)
+            if rule is None or self.out_dim != 1:
+                raise ValueError(
+                    "input_grad needs a one-output network whose activations have a closed-form "
+                    f"derivative ({', '.join(t.__name__ for t in DERIVATIVES)}; GELU exact only), "
+                    f"got out_dim = {self.out_dim} and {type(act).__name__}: take this one's "
+                    "gradient with torch.autograd.grad")
+            z = nn.functional.linear(a, lin.weight, lin.bias)
+            a = act(z)
+            acts.append((rule, act, z, a))
+        g = layers[-1].weight[0]                          # ∂f/∂a_L; then the reverse sweep
+        for k in range(len(acts) - 1, -1, -1):
+            rule, act, z, a = acts[k]
+            g = rule(act, g.expand_as(a) if k == len(acts) - 1 else g, z, a) @ layers[2 * k].weight
+        return g
 
 
 class ScalarMLP(nn.Module):
     """A scalar function of one argument, f(x) = MLP(x) with shape ``x.shape[:-1]``
-    (the T_θ and V_θ of the separable and mechanical HNNs)."""
+    (the T_θ and V_θ of the separable and mechanical HNNs); ``grad(x)`` is ∂f/∂x in closed form
+    (:meth:`MLP.input_grad`)."""
 
     def __init__(self, dim: int, **mlp_options):
         super().__init__()
@@ -105,6 +188,10 @@ class ScalarMLP(nn.Module):
 
     def forward(self, x):
         return self.net(x).squeeze(-1)
+
+    def grad(self, x):
+        """∂f/∂x, shape ``x.shape`` (closed form; see :meth:`MLP.input_grad`)."""
+        return self.net.input_grad(x)
 
 
 def _check_state(q: Tensor, p: Tensor, dim: int) -> None:
@@ -120,31 +207,45 @@ class HNN(Hamiltonian):
     NeurIPS 2019), for states of dimension ``dim`` (q and p each ``(..., dim)``).
 
     Not separable: explicit kick/drift methods fall back to their implicit form (a composition of
-    symplectic Euler steps solved by fixed point); ``implicit_midpoint`` is the natural method."""
+    symplectic Euler steps solved by fixed point); ``implicit_midpoint`` is the natural method.
+    ∇H is the network's closed-form input gradient (:meth:`MLP.input_grad`) where its
+    activation has one (all of ``ACTIVATIONS``), else autograd's."""
 
     def __init__(self, dim: int, *, width: int = 200, depth: int = 2, activation="tanh",
                  init: str = "orthogonal"):
-        super().__init__(None, time_dependent=False)
         check_int(dim, "dim", 1)
+        net = MLP(2 * dim, 1, width=width, depth=depth, activation=activation, init=init)
+        super().__init__(None, grad=self._closed_form_grad if net.closed_form_grad else None,
+                         time_dependent=False)
         self.dim = dim
-        self.net = MLP(2 * dim, 1, width=width, depth=depth, activation=activation, init=init)
+        self.net = net
 
     def hamiltonian(self, q, p, t=0.0):
         _check_state(q, p, self.dim)
         return self.net(torch.cat([q, p], -1)).squeeze(-1)
+
+    def _closed_form_grad(self, q, p):
+        _check_state(q, p, self.dim)
+        g = self.net.input_grad(torch.cat([q, p], -1))
+        return g[..., :self.dim], g[..., self.dim:]
 
 
 class SeparableHNN(SeparableHamiltonian):
     r"""H_θ(q, p) = T_θ(p) + V_θ(q), two MLPs (as in SRNN, Chen et al., ICLR 2020).
 
     ``separable = True``: the explicit methods (``verlet``, ``yoshida4``, …) evaluate ∂T_θ/∂p and
-    ∂V_θ/∂q only, one network each, with FSAL reuse of the last force."""
+    ∂V_θ/∂q only, one network each, with FSAL reuse of the last force; both in closed form
+    (:meth:`MLP.input_grad`, the ``kinetic_grad`` / ``potential_grad`` of
+    :class:`~torchgeo_int.SeparableHamiltonian`) where the activation has one, else by autograd."""
 
     def __init__(self, dim: int, *, width: int = 200, depth: int = 2, activation="tanh",
                  init: str = "orthogonal"):
         check_int(dim, "dim", 1)
         opts = dict(width=width, depth=depth, activation=activation, init=init)
-        super().__init__(ScalarMLP(dim, **opts), ScalarMLP(dim, **opts), time_dependent=False)
+        T, V = ScalarMLP(dim, **opts), ScalarMLP(dim, **opts)
+        closed = T.net.closed_form_grad
+        super().__init__(T, V, kinetic_grad=T.grad if closed else None,
+                         potential_grad=V.grad if closed else None, time_dependent=False)
         self.dim = dim
 
     def hamiltonian(self, q, p, t=0.0):
@@ -229,6 +330,8 @@ class MechanicalHNN(Hamiltonian):
     def force(self, q, t=0.0):
         if not self.constant_mass:
             return super().force(q, t)
+        if self.potential.net.closed_form_grad:
+            return -self.potential.grad(q)
         return -grad_of(self.potential, (q,))[0]
 
     def gradients(self, q, p, t=0.0):
