@@ -329,36 +329,68 @@ def test_closed_form_input_gradient_equals_autograds(activation):
 
 
 def test_hnn_modules_take_the_closed_form_forces_and_fall_back_to_autograd():
-    """The HNN modules' ∇H come from MLP.input_grad (the same values as autograd of their H);
-    an activation without a closed form (GELU's tanh approximation, a user's module) keeps
-    autograd's, and input_grad refuses it clearly."""
+    """The HNN modules' ∇H come from MLP.input_grad (the same values as autograd of their H),
+    decided when asked: a network reassigned or an activation swapped later is used as it is
+    then; an activation without a closed form (GELU's tanh approximation, an in-place one) or a
+    forward hook (the old weight_norm) keeps autograd's; input_grad refuses those clearly, and
+    complex states get autograd's error; an HNN is freed without the cycle collector."""
+    import gc
+    import weakref
+
     torch.manual_seed(8)
     q, p = torch.randn(6, 2, requires_grad=True), torch.randn(6, 2, requires_grad=True)
 
-    def autograd_grads(model):
-        return torch.autograd.grad(model.hamiltonian(q, p).sum(), (q, p))
+    def check(model):
+        ref = torch.autograd.grad(model.hamiltonian(q, p).sum(), (q, p))
+        for a, b in zip(model.gradients(q, p), ref):
+            assert torch.allclose(a, b, rtol=1e-13, atol=1e-15)
+        halves = model.halves()
+        if halves is not None:                               # the bound loops' halves too
+            assert torch.allclose(halves[0](p), ref[1], rtol=1e-13, atol=1e-15)
+            assert torch.allclose(halves[1](q), ref[0], rtol=1e-13, atol=1e-15)
 
     sep, hnn, mech = SeparableHNN(2, **TINY), HNN(2, **TINY), MechanicalHNN(2, constant_mass=True, **TINY)
-    assert sep.kinetic_grad is not None and sep.potential_grad is not None and hnn._grad is not None
+    assert sep.kinetic.closed_form_grad and hnn.net.closed_form_grad
     for model in (sep, hnn, mech):
-        for a, b in zip(model.gradients(q, p), autograd_grads(model)):
-            assert torch.allclose(a, b, rtol=1e-13, atol=1e-15)
-    assert torch.allclose(mech.force(q), -autograd_grads(mech)[0], rtol=1e-13, atol=1e-15)
+        check(model)
     approx = lambda: nn.GELU(approximate="tanh")          # noqa: E731
-    for model in (SeparableHNN(2, activation=approx, **TINY), HNN(2, activation=approx, **TINY)):
-        assert getattr(model, "kinetic_grad", None) is None and model._grad is None
-        for a, b in zip(model.gradients(q, p), autograd_grads(model)):
-            assert torch.allclose(a, b, rtol=1e-13, atol=1e-15)
-    net = tgi.nn.MLP(2, 1, activation=approx, **TINY)
-    assert not net.closed_form_grad
-    with pytest.raises(ValueError, match="closed-form derivative.*GELU"):
-        net.input_grad(q)
+    for model in (SeparableHNN(2, activation=approx, **TINY), HNN(2, activation=approx, **TINY),
+                  HNN(2, activation=lambda: nn.SiLU(inplace=True), **TINY)):
+        assert not (model.kinetic if model.separable else model.net).closed_form_grad
+        check(model)
+    sep.kinetic = tgi.nn.ScalarMLP(2, **TINY)                # reassigned: the new network's ∇
+    check(sep)
+    hnn.net[1] = approx()                                    # swapped: autograd's ∇, no error
+    check(hnn)
+    hnn.net[1] = nn.Tanh()                                   # and back: the closed form again
+    assert hnn.net.closed_form_grad
+    check(hnn)
+    with pytest.warns(FutureWarning):                        # hooks recompute the weight: autograd
+        sep.potential.net[0] = nn.utils.weight_norm(sep.potential.net[0])
+    assert not sep.potential.closed_form_grad
+    check(sep)
+    with pytest.raises(ValueError, match="forward hook"):
+        sep.potential.input_grad(q)
+    with pytest.raises(ValueError, match="GELU.*closed-form derivative|closed-form derivative.*GELU"):
+        tgi.nn.MLP(2, 1, activation=approx, **TINY).input_grad(q)
     with pytest.raises(ValueError, match="out_dim = 2"):
         tgi.nn.MLP(2, 2, **TINY).input_grad(q)
     with pytest.raises(ValueError, match=r"inputs of shape \(\.\.\., 2\)"):
-        sep.potential.grad(torch.randn(6, 3))
+        mech.potential.input_grad(torch.randn(6, 3))
     with pytest.raises(ValueError, match="same shape"):
-        hnn.gradients(q, torch.randn(5, 2))
+        HNN(2, **TINY).gradients(q, torch.randn(5, 2))
+    z = torch.randn(6, 2, dtype=torch.complex128)
+    for model in (SeparableHNN(2, **TINY), HNN(2, **TINY), MechanicalHNN(2, constant_mass=True, **TINY)):
+        with pytest.raises(TypeError, match="complex"):
+            model.gradients(z, z)
+    gc.disable()
+    try:
+        model = HNN(2, **TINY)
+        alive = weakref.ref(model)
+        del model
+        assert alive() is None
+    finally:
+        gc.enable()
 
 
 def _symplectic_defect(step, q, p):

@@ -37,7 +37,8 @@ core: as much as a whole eager Verlet step on a small batch).  Here (:class:`Com
     B = 64 3.1 against 9.5, B = 1024 17 against 22, B = 4096 on a par (so larger states keep
     the blocks); every state B = 1 2.0 against 8.3, B = 16 2.9 against 6.7, B = 128 15
     against 17, B = 512 on a par.  Not for a time-dependent system that takes t as a float (in
-    the loop t is a tensor); forces by autograd (an energy-defined system, an HNN) are traced
+    the loop t is a tensor); forces by autograd (an energy-defined system; an HNN whose
+    network has no closed-form gradient, ``nn.MLP.input_grad``) are traced
     there as ``torch.func.grad`` (:func:`~torchgeo_int.systems.grad_of`), since
     ``torch.autograd.grad`` does not trace inside a ``while_loop`` (a loop that fails to
     compile is recorded in ``loop_failed``, and the blocks run);

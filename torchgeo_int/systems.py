@@ -242,6 +242,9 @@ class SeparableHamiltonian(Hamiltonian):
     r"""H(q, p) = T(p) + V(q) (or T(p, t) + V(q, t)): the explicit methods evaluate only
     ∂T/∂p (drifts) and ∂V/∂q (kicks).  ``kinetic_grad`` / ``potential_grad`` may give them in
     closed form (the fastest path; the benchmarks use it for the hand-written comparison).
+    Without them, a time-independent energy module that has ``closed_form_grad`` (true when
+    asked) and ``input_grad(x)`` — the networks of ``torchgeo_int.nn`` — gives its own; else
+    autograd does.
 
     ``mass=m`` (with ``kinetic=None``) is the quadratic kinetic energy T(p) = ½ Σ p²/m, m a
     positive number or a tensor of positive masses broadcast against one sample's p (summed
@@ -286,6 +289,8 @@ class SeparableHamiltonian(Hamiltonian):
         if self.kinetic_grad is not None:
             v = self.kinetic_grad(p, t) if self._T_td else self.kinetic_grad(p)
             return check_like(v, p, "kinetic_grad", self.kinetic_grad)
+        if not self._T_td and _closed_form(self.kinetic, p):
+            return self.kinetic.input_grad(p)
         return grad_of(lambda p_: self._T(p_, t), (p,), "the kinetic energy", self.kinetic)[0]
 
     def force_term(self, q, t=0.0):
@@ -293,6 +298,8 @@ class SeparableHamiltonian(Hamiltonian):
         if self.potential_grad is not None:
             f = self.potential_grad(q, t) if self._V_td else self.potential_grad(q)
             return check_like(f, q, "potential_grad", self.potential_grad)
+        if not self._V_td and _closed_form(self.potential, q):
+            return self.potential.input_grad(q)
         return grad_of(lambda q_: self._V(q_, t), (q,), "the potential", self.potential)[0]
 
     def force(self, q, t=0.0):
@@ -304,10 +311,13 @@ class SeparableHamiltonian(Hamiltonian):
                 or cls.force_term is not SeparableHamiltonian.force_term):
             return None   # (a subclass that gives the halves another way keeps its methods)
         T, V, dT, dV = self.kinetic, self.potential, self.kinetic_grad, self.potential_grad
-        vel = (_checked_once(dT, "kinetic_grad") if dT is not None
-               else (lambda p: grad_of(T, (p,), "the kinetic energy", T)[0]))
-        pot = (_checked_once(dV, "potential_grad") if dV is not None
-               else (lambda q: grad_of(V, (q,), "the potential", V)[0]))
+        # (decided once a bind: a rollout's halves see one network and one state dtype)
+        vel = (_checked_once(dT, "kinetic_grad") if dT is not None else
+               T.input_grad if _closed_form(T) else
+               (lambda p: grad_of(T, (p,), "the kinetic energy", T)[0]))
+        pot = (_checked_once(dV, "potential_grad") if dV is not None else
+               V.input_grad if _closed_form(V) else
+               (lambda q: grad_of(V, (q,), "the potential", V)[0]))
         return vel, pot
 
     def gradients(self, q, p, t=0.0):
@@ -315,6 +325,13 @@ class SeparableHamiltonian(Hamiltonian):
 
     def vector_field(self, q, p, t=0.0):
         return self.velocity(p, t), self.force(q, t)
+
+
+def _closed_form(energy, x: Tensor | None = None) -> bool:
+    """Whether an energy module gives its gradient in closed form now: the protocol of
+    ``torchgeo_int.nn.ScalarMLP`` (a ``closed_form_grad`` flag, true at the time of asking, and
+    ``input_grad(x)``); complex states go to autograd's path and its error."""
+    return bool(getattr(energy, "closed_form_grad", False)) and not (x is not None and x.is_complex())
 
 
 def _quadratic_kinetic(mass):

@@ -11,10 +11,11 @@ r"""Learned Hamiltonians (and one unstructured baseline) that every integrator a
 
 The Hamiltonian modules subclass :class:`torchgeo_int.Hamiltonian` /
 :class:`torchgeo_int.SeparableHamiltonian`, so ``tgi.rollout``, every integrator, the losses and
-the layers take them as they take a hand-written H.  X_H is the MLPs' closed-form input
-gradient (:meth:`MLP.input_grad`, the reverse sweep written out: plain tensor operations, so a
-loss differentiates through it with one backward pass), or autograd's (``create_graph`` under
-grad mode) for an activation without a closed form.
+the layers take them as they take a hand-written H.  X_H of ``HNN``, ``SeparableHNN`` and
+``MechanicalHNN(constant_mass=True)`` is the MLPs' closed-form input gradient
+(:meth:`MLP.input_grad`, the reverse sweep written out: plain tensor operations, so a loss
+differentiates through it with one backward pass) wherever the network has one now, else (and
+for a learned mass matrix) autograd's, with ``create_graph`` under grad mode.
 
 States are ``q, p`` of shape ``(..., dim)``; batch dims lead and are free.  The MLPs default to
 the HNN paper's 2 hidden layers × 200, tanh, orthogonal weight initialisation.
@@ -74,10 +75,19 @@ def _elu_vjp(act, g, z, a):
 
 
 def _rule(act):
-    """The DERIVATIVES rule of an activation module, None if it has none."""
-    if isinstance(act, nn.GELU) and act.approximate != "none":
+    """The DERIVATIVES rule of an activation module, None if it has none (an in-place one
+    overwrites the z its rule reads; hooks may change what it returns)."""
+    if (isinstance(act, nn.GELU) and act.approximate != "none") or getattr(act, "inplace", False) \
+            or _hooked(act):
         return None
     return DERIVATIVES.get(type(act))
+
+
+def _hooked(module) -> bool:
+    """Whether forward (pre-)hooks may change what ``module`` computes (the old
+    ``weight_norm``/``spectral_norm`` recompute weights in one): the closed form, which reads
+    the weights and skips the calls, would miss them."""
+    return bool(module._forward_hooks or module._forward_pre_hooks)
 
 
 #: The activations with a closed-form derivative (:meth:`MLP.input_grad`): type → the rule
@@ -142,9 +152,14 @@ class MLP(nn.Sequential):
 
     @property
     def closed_form_grad(self) -> bool:
-        """Whether :meth:`input_grad` applies: one output, every activation one of
-        ``DERIVATIVES`` (checked at each call, so a layer swapped in later counts)."""
-        return self.out_dim == 1 and all(_rule(m) is not None for m in list(self)[1::2])
+        """Whether :meth:`input_grad` applies now: one output, every activation one of
+        ``DERIVATIVES`` (not in place), no forward hooks on the network or its layers.  Asked
+        at each use, so a layer swapped in later counts; where it is False the HNN modules take
+        their forces by autograd."""
+        layers = list(self)
+        return (self.out_dim == 1 and not _hooked(self)
+                and all(not _hooked(m) for m in layers[0::2])
+                and all(_rule(m) is not None for m in layers[1::2]))
 
     def input_grad(self, x: Tensor) -> Tensor:
         r"""∂f/∂x of the scalar output f = w_Lᵀ σ(z_L), z_k = W_k a_{k−1} + b_k, a_0 = x, in
@@ -157,30 +172,38 @@ class MLP(nn.Sequential):
         operations, and under grad mode a loss differentiates them with one backward pass
         instead of a double backward.  Needs :attr:`closed_form_grad` (a clear error if not)."""
         self._check_input(x)
+        if x.is_complex():
+            raise TypeError(f"this network takes real inputs, got {x.dtype}: split a complex z "
+                            "into torch.cat([z.real, z.imag], -1)")
+        if not self.closed_form_grad:
+            act = next((m for m in list(self)[1::2] if _rule(m) is None), None)
+            why = (f"out_dim = {self.out_dim}" if self.out_dim != 1 else
+                   f"the activation {act!r}" if act is not None else "a forward hook")
+            raise ValueError(
+                "input_grad needs a one-output network without forward hooks whose activations "
+                f"have a closed-form derivative ({', '.join(t.__name__ for t in DERIVATIVES)}; "
+                f"GELU exact only; not in place); this one has {why}: take its gradient with "
+                "torch.autograd.grad")
         layers = list(self)
-        acts, a = [], x                                   # forward: (rule, σ_k, z_k, a_k)
+        acts, a = [], x                                   # forward: (σ_k, z_k, a_k)
         for lin, act in zip(layers[:-1:2], layers[1::2]):
-            rule = _rule(act)
-            if rule is None or self.out_dim != 1:
-                raise ValueError(
-                    "input_grad needs a one-output network whose activations have a closed-form "
-                    f"derivative ({', '.join(t.__name__ for t in DERIVATIVES)}; GELU exact only), "
-                    f"got out_dim = {self.out_dim} and {type(act).__name__}: take this one's "
-                    "gradient with torch.autograd.grad")
             z = nn.functional.linear(a, lin.weight, lin.bias)
             a = act(z)
-            acts.append((rule, act, z, a))
+            acts.append((act, z, a))
         g = layers[-1].weight[0]                          # ∂f/∂a_L; then the reverse sweep
         for k in range(len(acts) - 1, -1, -1):
-            rule, act, z, a = acts[k]
-            g = rule(act, g.expand_as(a) if k == len(acts) - 1 else g, z, a) @ layers[2 * k].weight
+            act, z, a = acts[k]
+            g = DERIVATIVES[type(act)](act, g.expand_as(a) if k == len(acts) - 1 else g, z, a)
+            g = g @ layers[2 * k].weight
         return g
 
 
 class ScalarMLP(nn.Module):
     """A scalar function of one argument, f(x) = MLP(x) with shape ``x.shape[:-1]``
-    (the T_θ and V_θ of the separable and mechanical HNNs); ``grad(x)`` is ∂f/∂x in closed form
-    (:meth:`MLP.input_grad`)."""
+    (the T_θ and V_θ of the separable and mechanical HNNs).  ``input_grad(x)`` is ∂f/∂x in
+    closed form where ``closed_form_grad`` (:meth:`MLP.input_grad`): the protocol by which
+    :class:`~torchgeo_int.SeparableHamiltonian` takes an energy module's gradient without
+    autograd."""
 
     def __init__(self, dim: int, **mlp_options):
         super().__init__()
@@ -189,7 +212,12 @@ class ScalarMLP(nn.Module):
     def forward(self, x):
         return self.net(x).squeeze(-1)
 
-    def grad(self, x):
+    @property
+    def closed_form_grad(self) -> bool:
+        """:attr:`MLP.closed_form_grad` of the network, and no forward hook on this module."""
+        return not _hooked(self) and self.net.closed_form_grad
+
+    def input_grad(self, x):
         """∂f/∂x, shape ``x.shape`` (closed form; see :meth:`MLP.input_grad`)."""
         return self.net.input_grad(x)
 
@@ -213,18 +241,18 @@ class HNN(Hamiltonian):
 
     def __init__(self, dim: int, *, width: int = 200, depth: int = 2, activation="tanh",
                  init: str = "orthogonal"):
+        super().__init__(None, time_dependent=False)
         check_int(dim, "dim", 1)
-        net = MLP(2 * dim, 1, width=width, depth=depth, activation=activation, init=init)
-        super().__init__(None, grad=self._closed_form_grad if net.closed_form_grad else None,
-                         time_dependent=False)
         self.dim = dim
-        self.net = net
+        self.net = MLP(2 * dim, 1, width=width, depth=depth, activation=activation, init=init)
 
     def hamiltonian(self, q, p, t=0.0):
         _check_state(q, p, self.dim)
         return self.net(torch.cat([q, p], -1)).squeeze(-1)
 
-    def _closed_form_grad(self, q, p):
+    def gradients(self, q, p, t=0.0):
+        if not self.net.closed_form_grad or q.is_complex() or p.is_complex():
+            return super().gradients(q, p, t)       # autograd's (and its errors)
         _check_state(q, p, self.dim)
         g = self.net.input_grad(torch.cat([q, p], -1))
         return g[..., :self.dim], g[..., self.dim:]
@@ -235,17 +263,14 @@ class SeparableHNN(SeparableHamiltonian):
 
     ``separable = True``: the explicit methods (``verlet``, ``yoshida4``, …) evaluate ∂T_θ/∂p and
     ∂V_θ/∂q only, one network each, with FSAL reuse of the last force; both in closed form
-    (:meth:`MLP.input_grad`, the ``kinetic_grad`` / ``potential_grad`` of
-    :class:`~torchgeo_int.SeparableHamiltonian`) where the activation has one, else by autograd."""
+    (:meth:`MLP.input_grad`, through :class:`~torchgeo_int.SeparableHamiltonian`'s
+    ``input_grad`` protocol) where the network has one, else by autograd."""
 
     def __init__(self, dim: int, *, width: int = 200, depth: int = 2, activation="tanh",
                  init: str = "orthogonal"):
         check_int(dim, "dim", 1)
         opts = dict(width=width, depth=depth, activation=activation, init=init)
-        T, V = ScalarMLP(dim, **opts), ScalarMLP(dim, **opts)
-        closed = T.net.closed_form_grad
-        super().__init__(T, V, kinetic_grad=T.grad if closed else None,
-                         potential_grad=V.grad if closed else None, time_dependent=False)
+        super().__init__(ScalarMLP(dim, **opts), ScalarMLP(dim, **opts), time_dependent=False)
         self.dim = dim
 
     def hamiltonian(self, q, p, t=0.0):
@@ -330,8 +355,8 @@ class MechanicalHNN(Hamiltonian):
     def force(self, q, t=0.0):
         if not self.constant_mass:
             return super().force(q, t)
-        if self.potential.net.closed_form_grad:
-            return -self.potential.grad(q)
+        if self.potential.closed_form_grad and not q.is_complex():
+            return -self.potential.input_grad(q)
         return -grad_of(self.potential, (q,))[0]
 
     def gradients(self, q, p, t=0.0):
