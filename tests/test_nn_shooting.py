@@ -274,6 +274,48 @@ def test_gauss_newton_solves_only_the_batch_and_the_model_trains_at_solved_state
     assert hist["loss"][-1] < 0.5 * first
 
 
+@pytest.mark.parametrize("method, steps", [("verlet", 1), ("yoshida4", 2)])
+def test_single_shooting_loss_reuses_the_solves_last_rollout(method, steps):
+    """Single shooting with every node solved: the loss is the rollout of the solve's accepted
+    candidate (the same states, the same θ), not a second one — two rollouts a training-mode
+    loss for one sweep instead of three — and loss and θ-gradient equal those of solving first
+    and then rolling out (bit for bit); a node that rejects its step (a model the step cannot
+    improve) makes the loss roll out again, and multiple shooting never reuses."""
+    H = _oscillator()
+    q, p, _ = _data(H, B=6, T=11, noise=0.05, seed=4)
+    torch.manual_seed(1)
+    model = SeparableHNN(1, width=16)
+
+    def fitted(**kw):
+        tf = TrajectoryFit(model, q, p, dt=0.1, method=method, gauss_newton=steps, **kw)
+        calls = []
+        roll = tf._roll
+        tf._roll = lambda *a: calls.append(torch.is_grad_enabled()) or roll(*a)   # noqa: B023
+        return tf, calls
+
+    a, calls_a = fitted()
+    loss_a = a()
+    grads_a = torch.autograd.grad(loss_a, list(model.parameters()))
+    assert len(calls_a) == 2 * steps and calls_a[-1] and not any(calls_a[:-1])
+    b, calls_b = fitted()
+    b.solve_states(steps=steps)
+    b.eval()                                                # evaluation: no solve, one rollout
+    loss_b = b()
+    grads_b = torch.autograd.grad(loss_b, list(model.parameters()))
+    assert torch.equal(a.q_nodes, b.q_nodes) and torch.equal(a.p_nodes, b.p_nodes)
+    assert float(loss_a) == float(loss_b)
+    assert all(torch.equal(x, y) for x, y in zip(grads_a, grads_b))
+    with torch.no_grad():                                   # the solved states: no step improves them
+        a.solve_states(steps=8)
+    calls_a.clear()
+    a.train()
+    a()
+    assert len(calls_a) == 2 * steps + 1 and calls_a[-1]
+    multi, calls_m = fitted(segment=5)
+    multi()
+    assert calls_m[-1] and not any(calls_m[:-1])             # the loss rolls out anew
+
+
 def test_trajectory_fit_refuses_time_first_data_unless_told():
     """A rollout's (T, B, n) output handed over as is would be fitted along the wrong axis: it
     is refused naming both layouts; layout="time_first" takes it, the same fit as transposed."""
