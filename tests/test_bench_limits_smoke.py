@@ -54,6 +54,10 @@ def test_limits_quick_without_numba(tmp_path, no_numba):
     train = {r["config"]: r for r in saved["training"]["rows"]}
     assert train["derivative matching"]["vs_derivative"] == 1.0
     assert train["rollout loss, verlet"]["ms_per_step"] > 0
+    assert train["rollout loss, verlet, autograd forces"]["ms_per_step"] > 0
+    hnn = saved["hnn_rollouts"]
+    assert {r["config"] for r in hnn} == {"closed-form forces", "autograd forces"}
+    assert all(r["max_diff"] < 1e-5 for r in hnn)            # float32: the same forces
     ode = saved["odeint"]["rows"]
     assert ode["tgi.odeint verlet separable"]["max_diff"] < 1e-12   # same map, same evaluations
     mid = saved["midpoint"]["rows"]
@@ -61,6 +65,21 @@ def test_limits_quick_without_numba(tmp_path, no_numba):
     assert all(r["max_diff"] < 1e-12 for r in mid.values())
     assert data["numba"] is False
     assert "compute" not in saved       # the compute section needs the numba loops: skipped
+
+
+def test_limits_autograd_rows_really_take_autograd():
+    """The bench's "autograd forces" model shares the SeparableHNN's networks and parameters
+    but not their closed form: its halves are autograd's, the model's are input_grad."""
+    from experiments.bench.limits import autograd_forces
+    from torchgeo_int.nn import SeparableHNN
+
+    model = SeparableHNN(2, width=8)
+    slow = autograd_forces(model)
+    assert list(slow.parameters()) == list(model.parameters())
+    assert model.halves()[0] == model.kinetic.input_grad
+    assert not getattr(slow.kinetic, "closed_form_grad", False)
+    q = torch.randn(3, 2)
+    assert torch.allclose(slow.halves()[1](q), model.halves()[1](q), atol=1e-6)
 
 
 def test_limits_compute_section_compares_every_state_with_final_state(tmp_path, monkeypatch):
