@@ -175,28 +175,33 @@ class MLP(nn.Sequential):
         if x.is_complex():
             raise TypeError(f"this network takes real inputs, got {x.dtype}: split a complex z "
                             "into torch.cat([z.real, z.imag], -1)")
-        if not self.closed_form_grad:
-            act = next((m for m in list(self)[1::2] if _rule(m) is None), None)
-            why = (f"out_dim = {self.out_dim}" if self.out_dim != 1 else
-                   f"the activation {act!r}" if act is not None else "a forward hook")
-            raise ValueError(
-                "input_grad needs a one-output network without forward hooks whose activations "
-                f"have a closed-form derivative ({', '.join(t.__name__ for t in DERIVATIVES)}; "
-                f"GELU exact only; not in place); this one has {why}: take its gradient with "
-                "torch.autograd.grad")
+        # the checks of closed_form_grad, made in the sweep's own pass over the layers (the
+        # rules are looked up there anyway): one pass a force on the rollout's hot path
         layers = list(self)
-        acts, a = [], x                                   # forward: (σ_k, z_k, a_k)
+        if self.out_dim != 1:
+            raise _refusal(f"out_dim = {self.out_dim}")
+        if _hooked(self) or _hooked(layers[-1]):
+            raise _refusal("a forward hook")
+        acts, a = [], x                                   # forward: (rule, σ_k, z_k, a_k)
         for lin, act in zip(layers[:-1:2], layers[1::2]):
+            rule = _rule(act)
+            if rule is None or _hooked(lin):
+                raise _refusal(f"the activation {act!r}" if rule is None else "a forward hook")
             z = nn.functional.linear(a, lin.weight, lin.bias)
             a = act(z)
-            acts.append((act, z, a))
+            acts.append((rule, act, z, a))
         g = layers[-1].weight[0]                          # ∂f/∂a_L; then the reverse sweep
         for k in range(len(acts) - 1, -1, -1):
-            act, z, a = acts[k]
-            g = DERIVATIVES[type(act)](act, g.expand_as(a) if k == len(acts) - 1 else g, z, a)
-            g = g @ layers[2 * k].weight
+            rule, act, z, a = acts[k]
+            g = rule(act, g.expand_as(a) if k == len(acts) - 1 else g, z, a) @ layers[2 * k].weight
         return g
 
+
+def _refusal(why: str) -> ValueError:
+    return ValueError(
+        "input_grad needs a one-output network without forward hooks whose activations have a "
+        f"closed-form derivative ({', '.join(t.__name__ for t in DERIVATIVES)}; GELU exact only; "
+        f"not in place); this one has {why}: take its gradient with torch.autograd.grad")
 
 class ScalarMLP(nn.Module):
     """A scalar function of one argument, f(x) = MLP(x) with shape ``x.shape[:-1]``

@@ -232,7 +232,6 @@ class TrajectoryFit(nn.Module):
         """:meth:`_roll` of states z = (q, p) of shape (N, 2n): (segment + 1, N, 2n)."""
         return torch.cat(self._roll(z[:, :self.dim], z[:, self.dim:]), -1)
 
-    @torch.no_grad()
     def solve_states(self, index: Tensor | None = None, *, steps: int = 1) -> Tensor:
         r"""``steps`` Gauss–Newton sweeps over the node states of the segments ``index`` (all if
         None), H_θ fixed; returns the local objective ℓ of each node after the last sweep.
