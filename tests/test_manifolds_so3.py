@@ -54,6 +54,32 @@ def test_inverses(scale):
     assert torch.allclose(so3.exp_minus_identity(x) + torch.eye(3), so3.exp(x))
 
 
+@pytest.mark.parametrize("gap", [1.0, 0.5, 1e-4, 1e-7, 1e-10, 0.0])
+def test_log_is_accurate_up_to_the_angle_pi(gap):
+    # w = vee(g − gᵀ) = 2 sin θ n vanishes at θ = π: the quotient w / (2a(θ)) lost ε/(π − θ)
+    # (and gave ξ = 0 at π); the axis from the symmetric part keeps round-off accuracy
+    n = torch.randn(8, 3, generator=torch.Generator().manual_seed(1))
+    n = n / n.norm(dim=-1, keepdim=True)
+    xi = (torch.pi - gap) * n
+    R = so3.exp(xi)
+    L = so3.log(R)
+    assert torch.allclose(so3.exp(L), R, atol=1e-14)
+    assert torch.allclose(L.norm(dim=-1), xi.norm(dim=-1), atol=1e-14)
+    if gap > 0:            # at θ = π, ±n are the same rotation
+        assert torch.allclose(L, xi, atol=1e-13)
+    assert torch.allclose(so3.log(torch.diag(torch.tensor([1.0, -1.0, -1.0]))).abs(),
+                          torch.tensor([torch.pi, 0.0, 0.0]), atol=1e-15)
+
+
+def test_log_gradients_on_both_branches():
+    # the two branches meet at θ = 2π/3; each is evaluated on safe inputs where it is not used
+    for xi in (torch.zeros(2, 3), torch.tensor([[0.3, -0.2, 0.1], [2.5, 0.5, 0.3]])):
+        xi = xi.clone().requires_grad_()
+        assert torch.autograd.gradcheck(lambda x: so3.log(so3.exp(x)), (xi,))
+        so3.log(so3.exp(xi)).sum().backward()
+        assert torch.isfinite(xi.grad).all()
+
+
 def test_cayley_identities_used_by_the_integrators():
     x, m = vecs(0.7), torch.randn(6, 3)
     # cay(x)² = cay(2x / (1 − |x|²/4)); the closed-form free-body μ̄ = 4/(4+|x|²) cay(−x) μ
@@ -98,6 +124,37 @@ def test_bad_input():
         SO3.check_state(torch.eye(3).expand(2, 3, 3), torch.zeros(3, 3))
     with pytest.raises(ValueError, match="NaN"):
         SO3.check_state(torch.eye(3), torch.tensor([0.0, float("nan"), 0.0]))
+    with pytest.raises(ValueError, match="NaN or inf"):      # NaN compares False with any tol
+        so3.check_rotation(torch.full((3, 3), float("nan")))
+    with pytest.raises(ValueError, match=r"SO3Tau is not one of SO\(3\)xR3's"):   # another group's Tau
+        LieGroupMap(SO3xR3, SO3.tau("cayley"))
+
+
+def test_check_rotation_and_rollouts_take_several_batch_dims():
+    import torchgeo_int as tgi
+    from torchgeo_int.manifolds.systems import FreeRigidBody
+    g = so3.random_rotation(2, 3, generator=torch.Generator().manual_seed(0))
+    so3.check_rotation(g)                  # its worst det was indexed along dim 0 only
+    bad = g.clone()
+    bad[1, 2] = bad[1, 2] @ torch.diag(torch.tensor([1.0, 1.0, -1.0]))
+    with pytest.raises(ValueError, match="reflection"):
+        so3.check_rotation(bad)
+    mu = torch.randn(2, 3, 3, generator=torch.Generator().manual_seed(1))
+    system = FreeRigidBody([1.0, 2.0, 3.5])
+    gs, mus = tgi.rollout(system, g, mu, h=0.1, steps=3, method="lie_midpoint_cayley")
+    one, one_mu = tgi.rollout(system, g[1, 2], mu[1, 2], h=0.1, steps=3, method="lie_midpoint_cayley")
+    assert gs.shape == (4, 2, 3, 3, 3)
+    assert torch.allclose(gs[:, 1, 2], one, atol=1e-14) and torch.allclose(mus[:, 1, 2], one_mu, atol=1e-14)
+
+
+def test_rigid_body_constants_move_with_the_module():
+    from torchgeo_int.manifolds.systems import FreeRigidBody, HeavyTop, SpringTop
+    for system in (FreeRigidBody([1.0, 2.0, 3.5]), HeavyTop([1.0, 2.0, 3.0]), SpringTop([1.0, 2.0, 3.0])):
+        moved = system.to("meta")         # buffers: .to(device) moves inertia, com, attach
+        assert all(b.device.type == "meta" for b in moved.buffers())
+        mu = torch.zeros(2, moved.group.dim, device="meta")
+        assert moved.velocity(mu).device.type == "meta"
+        assert system.state_dict() == {} or "inertia" not in system.state_dict()
 
 
 GROUPS = [SO3, SO3xR3]

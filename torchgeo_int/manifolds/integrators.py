@@ -162,7 +162,7 @@ class LieGroupIntegrator(ImplicitIntegrator):
 
         (free body: T = 0, μ̄ = s cay(−x) μ_k, μ_{k+1} = cay(−x)² μ_k).  Written with few tensor
         ops: on small batches the cost of a step is the per-op overhead."""
-        I = system.inertia.to(mu.dtype)
+        I = system.inertia.to(mu)
         diagonal = I.dim() == 1
         c = (0.5 * h) / I if diagonal else None
         free = system.potential is None
@@ -187,7 +187,7 @@ class LieGroupIntegrator(ImplicitIntegrator):
 
         def torque(x, s, g, gamma):
             if heavy:   # Γ̄ = ḡᵀe₃ = cay(−x) Γ_k: a vector rotation instead of ḡ
-                return -system.mgl * torch.linalg.cross(system.com.to(mu.dtype).expand_as(gamma),
+                return -system.mgl * torch.linalg.cross(system.com.to(mu).expand_as(gamma),
                                                         rot_minus(x, s, gamma), dim=-1)
             return system.torque(g + g @ half_cay(x, s), tb)
 

@@ -184,7 +184,12 @@ class LieGroup:
 
     def tau(self, name) -> Tau:
         if isinstance(name, Tau):
-            return name
+            if any(name is t for t in self.taus.values()):
+                return name
+            raise ValueError(f"the coordinate map {getattr(name, 'name', type(name).__name__)!r} "
+                             f"of {type(name).__name__} is not one of {self.name}'s "
+                             f"({', '.join(sorted(self.taus))}): pass its name or "
+                             f"{self.name}'s own Tau")
         if name not in self.taus:
             raise ValueError(f"unknown coordinate map {name!r} on {self.name}; "
                              f"known: {', '.join(sorted(self.taus))}")

@@ -158,15 +158,28 @@ def exp(xi: Tensor) -> Tensor:
 
 
 def log(g: Tensor) -> Tensor:
-    """ξ with exp(ξ̂) = g, |ξ| < π (principal branch): θ from atan2(|vee(g − gᵀ)|/2, (tr g − 1)/2),
-    ξ = vee(g − gᵀ)/(2a(θ)).  Accurate near 0; near θ = π the axis is ill-conditioned (as for any
-    log) and a ConvergenceError-free but inaccurate result is returned."""
+    """ξ with exp(ξ̂) = g, |ξ| ≤ π (principal branch): θ = atan2(|w|/2, (tr g − 1)/2) with
+    w = vee(g − gᵀ) = 2 sin θ n.  For cos θ ≥ −½, ξ = w / (2a(θ)), a = sin θ/θ (accurate near 0,
+    smooth gradients).  Past it (θ > 2π/3) w → 0 as θ → π and that quotient loses ε/(π − θ) of
+    accuracy, so the axis n comes from the symmetric part instead, (g + gᵀ)/2 − cos θ I =
+    (1 − cos θ) n nᵀ (its column of largest diagonal, normalised; sign that of w): round-off
+    accuracy up to θ = π, where ±n are the same rotation."""
     _check_mat(g)
     w = skew_vee(g)  # = 2 a(θ) ξ
     sin_t = 0.5 * w.norm(dim=-1, keepdim=True)
     cos_t = 0.5 * (g[..., 0, 0] + g[..., 1, 1] + g[..., 2, 2] - 1.0).unsqueeze(-1)
     theta = torch.atan2(sin_t, cos_t)
-    return 0.5 * w / _a(theta * theta)
+    far = cos_t < -0.5
+    # each branch on safe inputs where it is not taken (no inf/NaN in the unused one's gradient)
+    th = torch.where(far, torch.zeros_like(theta), theta)
+    near_xi = 0.5 * w / _a(th * th)
+    S = 0.5 * (g + g.mT) - cos_t.unsqueeze(-1) * _eye(g)
+    j = S.diagonal(dim1=-2, dim2=-1).argmax(-1, keepdim=True)              # (..., 1)
+    col = torch.gather(S, -1, j.unsqueeze(-2).expand(*S.shape[:-1], 1)).squeeze(-1)
+    col = torch.where(far, col, torch.ones_like(col))
+    n = col / col.norm(dim=-1, keepdim=True)
+    n = torch.where((n * w).sum(-1, keepdim=True) < 0, -n, n)
+    return torch.where(far, theta * n, near_xi)
 
 
 def rotate_exp(xi: Tensor, v: Tensor) -> Tensor:
@@ -261,11 +274,12 @@ def check_rotation(g: Tensor, name: str = "g0") -> None:
     _check_mat(g, name)
     if g.numel() == 0:
         return
+    if not bool(torch.isfinite(g).all()):
+        raise ValueError(f"{name} contains NaN or inf")
     with torch.no_grad():
         orth, _ = orthogonality_error(g)
-        det = torch.linalg.det(g)
-        e, worst_det = float(orth.max()), float(det[(det - 1.0).abs().argmax()] if det.dim()
-                                                   else det)
+        det = torch.linalg.det(g).reshape(-1)
+        e, worst_det = float(orth.max()), float(det[(det - 1.0).abs().argmax()])
     tol = torch.finfo(g.dtype).eps ** 0.5
     if e > tol:
         raise ValueError(f"{name} is not a rotation matrix: max |gᵀg − I| = {e:.2e} > {tol:.1e} "

@@ -127,7 +127,11 @@ class RigidBody(LieGroupSystem):
 
     def __init__(self, inertia, potential=None, *, potential_grad=None, group="SO3"):
         super().__init__(group)
-        self.inertia = _as_inertia(inertia, self.group.dim)
+        I = _as_inertia(inertia, self.group.dim)
+        if isinstance(I, torch.nn.Parameter):
+            self.inertia = I
+        else:   # a buffer, so system.to(device) moves it (not saved: it is the constructor's)
+            self.register_buffer("inertia", I, persistent=False)
         self.potential, self.potential_grad = potential, potential_grad
         self.time_dependent = potential is not None and takes_time(potential, 1)
 
@@ -137,7 +141,7 @@ class RigidBody(LieGroupSystem):
 
     def velocity(self, mu, t=0.0):
         """ξ = 𝕀⁻¹μ."""
-        I = self.inertia.to(mu.dtype)
+        I = self.inertia.to(mu)
         if I.dim() == 1:
             return mu / I
         return torch.linalg.solve(I, mu.unsqueeze(-1)).squeeze(-1)
@@ -192,17 +196,17 @@ class HeavyTop(RigidBody):
         if chi.shape != (3,):
             raise ValueError(f"com must be a body vector of shape (3,), got {tuple(chi.shape)}")
         super().__init__(inertia, self._potential, potential_grad=self._potential_grad, group="SO3")
-        self.com = chi
+        self.register_buffer("com", chi, persistent=False)
 
     def gamma(self, g):
         """Γ = gᵀe₃: the vertical seen in the body frame."""
         return g[..., 2, :]
 
     def _potential(self, g):
-        return self.mgl * (self.gamma(g) * self.com.to(g.dtype)).sum(-1)
+        return self.mgl * (self.gamma(g) * self.com.to(g)).sum(-1)
 
     def _potential_grad(self, g):
-        chi = self.com.to(g.dtype).expand(*g.shape[:-2], 3)
+        chi = self.com.to(g).expand(*g.shape[:-2], 3)
         return self.mgl * torch.linalg.cross(chi, self.gamma(g), dim=-1)
 
     def casimirs(self, g, mu):
@@ -225,22 +229,22 @@ class SpringTop(RigidBody):
                  attach=(0.0, 0.0, 0.5)):
         I = _as_inertia(inertia, 3)
         I6 = torch.cat([I if I.dim() == 1 else torch.diagonal(I),
-                        torch.full((3,), float(mass), dtype=I.dtype)])
+                        torch.full((3,), float(mass), dtype=I.dtype, device=I.device)])
         if I.dim() == 2 and not bool(torch.allclose(I, torch.diag(torch.diagonal(I)))):
             raise ValueError("SpringTop takes principal moments (a diagonal inertia)")
         self.m, self.g0, self.k = float(mass), float(gravity), float(stiffness)
         a = torch.as_tensor(attach, dtype=torch.get_default_dtype())
         super().__init__(I6, self._potential, potential_grad=self._potential_grad, group="SO3xR3")
-        self.attach = a
+        self.register_buffer("attach", a, persistent=False)
 
     def _potential(self, g):
         R, x = g[..., :3], g[..., 3]
-        s = x + (R @ self.attach.to(g.dtype).unsqueeze(-1)).squeeze(-1)
+        s = x + (R @ self.attach.to(g).unsqueeze(-1)).squeeze(-1)
         return self.m * self.g0 * x[..., 2] + 0.5 * self.k * (s * s).sum(-1)
 
     def _potential_grad(self, g):
         R, x = g[..., :3], g[..., 3]
-        a = self.attach.to(g.dtype).expand(*g.shape[:-2], 3)
+        a = self.attach.to(g).expand(*g.shape[:-2], 3)
         s = x + (R @ a.unsqueeze(-1)).squeeze(-1)
         # d/ds ½k|x + R exp(sη̂) a|² = k s·(R(η × a)) = k η·(a × Rᵀs)
         rot = self.k * torch.linalg.cross(a, (R.mT @ s.unsqueeze(-1)).squeeze(-1), dim=-1)
