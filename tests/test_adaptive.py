@@ -254,3 +254,110 @@ def test_time_transformed_rollout_gradient_modes_agree_with_backprop():
     ref = grad("backprop")
     assert torch.allclose(grad("checkpoint"), ref, rtol=1e-10, atol=0)
     assert torch.allclose(grad("reversible"), ref, rtol=1e-8, atol=0)
+
+
+# -- review fixes (2026-12-05) ----------------------------------------------------------------------
+@pytest.mark.parametrize("transform", ["logh", "poincare"])
+def test_time_transformed_rollout_differentiates_the_hamiltonians_parameters(transform):
+    # p_t = −H(q₀, p₀) depends on H's parameters; it was taken without a graph unless q0 or p0
+    # required grad, so dL/dk was 0 (logh: k reaches the flow only through p_t) or wrong
+    q0, p0 = kepler_initial(0.6)
+
+    def loss(k):
+        H = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: -k / q.norm(dim=-1))
+        tr = tgi.time_transformed_rollout(H, q0, p0, eps=0.1, steps=30, transform=transform)
+        return tr.q[-1].sum() + tr.t[-1]
+    k = torch.tensor(1.0, requires_grad=True)
+    loss(k).backward()
+    d = 1e-6
+    with torch.no_grad():
+        fd = (loss(torch.tensor(1.0 + d)) - loss(torch.tensor(1.0 - d))) / (2 * d)
+    assert abs(float(fd)) > 0.1
+    assert torch.allclose(k.grad, fd, rtol=1e-6, atol=0)
+
+
+def test_odeint_adaptive_steps_each_sample_of_a_coupled_tuple_state_as_one():
+    # two bodies in absolute coordinates: q, p of shape (2, 2) are ONE sample (batch_dims = 0).
+    # In the user's shapes (the explicit-splitting fast path) each body had its own steps and time.
+    def two_body(t, y):
+        q, p = y
+        d = q[0] - q[1]
+        f = -d / d.norm() ** 3
+        return p, torch.stack([f, -f])
+    q0 = torch.tensor([[0.5, 0.0], [-0.5, 0.0]])
+    p0 = torch.tensor([[0.0, 0.6], [0.0, -0.6]])
+    t = torch.linspace(0.0, 2.0, 5)
+    opts = dict(adaptive="reversible", step_size=0.02, control=lambda q: (q[0] - q[1]).norm() ** 1.5)
+    with torch.no_grad():
+        q, p = tgi.odeint(two_body, (q0, p0), t, method="verlet", options={**opts, "separable": True})
+        q_gen, _ = tgi.odeint(two_body, (q0, p0), t, method="verlet", options=opts)
+        ref, _ = tgi.odeint(two_body, (q0, p0), t, method="yoshida4", options=dict(step_size=1e-3))
+    assert q.shape == (5, 2, 2)
+    assert torch.allclose(q, q_gen, atol=1e-12)     # the explicit and the generic step agree
+    assert torch.allclose(q, ref, atol=5e-3)
+
+
+def test_odeint_adaptive_option_names_are_refused_without_adaptive_and_for_torchdiffeq():
+    q0, p0 = kepler_initial(0.5)
+    t = torch.linspace(0.0, 1.0, 3)
+    for extra in (dict(control=lambda q: q.norm(dim=-1)), dict(h_min=1.0), dict(form="bogus"),
+                  dict(max_steps=10)):
+        with pytest.raises(ValueError, match="pass options\\['adaptive'\\] = 'reversible'"):
+            tgi.odeint(_kepler_func, (q0, p0), t, method="verlet",
+                       options=dict(step_size=0.01, separable=True, **extra))
+    with pytest.raises(ValueError, match="torchdiffeq's method 'dopri5' has its own error control"):
+        tgi.odeint(lambda t, y: -y, q0, t, method="dopri5", options=dict(adaptive="reversible"))
+    with pytest.raises(ValueError, match="max_steps must be an int >= 1"):
+        tgi.odeint(_kepler_func, (q0, p0), t, method="verlet",
+                   options=dict(adaptive="reversible", step_size=0.01, max_steps=2.7))
+
+
+def test_a_constant_step_control_gives_fixed_steps():
+    H = kepler_system()
+    q0, p0 = kepler_initial(0.5)
+    with torch.no_grad():
+        tr = tgi.adaptive_rollout(H, q0, p0, eps=0.01, steps=50, control=lambda q: torch.ones(q.shape[:-1]))
+        q, p = tgi.rollout(H, q0, p0, h=0.01, steps=50)
+    assert torch.allclose(tr.q, q, atol=1e-14) and torch.allclose(tr.t[-1], torch.tensor(0.5))
+
+
+def test_adaptive_inputs_that_are_not_numbers_or_shapes_are_refused():
+    H = kepler_system()
+    q0, p0 = batch(0.5, 0.6)
+    nan = float("nan")
+    with pytest.raises(ValueError, match="t0 contains NaN"):
+        tgi.adaptive_rollout(H, q0, p0, eps=0.05, steps=5, t0=nan)
+    with pytest.raises(ValueError, match="h_min"):
+        tgi.adaptive_rollout(H, q0, p0, eps=0.05, steps=5, h_min=nan)
+    with pytest.raises(ValueError, match="h_min"):
+        tgi.adaptive_rollout(H, q0, p0, eps=0.05, steps=5, h_min=-1.0)
+    with pytest.raises(ValueError, match="max_steps must be an int >= 1"):
+        tgi.adaptive_rollout(H, q0, p0, eps=0.05, until=1.0, max_steps=None)
+    with pytest.raises(ValueError, match="rho0 must be a number or a tensor of the batch shape"):
+        tgi.adaptive_rollout(H, q0, p0, eps=0.05, steps=5, rho0=torch.ones(3))
+    with pytest.raises(ValueError, match="until must be a finite time"):
+        tgi.adaptive_rollout(H, q0, p0, eps=0.05, until=float("inf"))
+    with torch.no_grad():
+        tr = tgi.adaptive_rollout(H, q0, p0, eps=0.05, steps=20)
+    with pytest.raises(ValueError, match="times contains NaN"):
+        tr.at(torch.tensor([nan]))
+    # time transformations
+    with pytest.raises(ValueError, match="chunk must be an int >= 1"):   # chunk=0 looped forever
+        tgi.time_transformed_rollout(H, q0, p0, eps=0.1, until=2.0, chunk=0, max_steps=100)
+    with pytest.raises(ValueError, match="t0 contains NaN"):
+        tgi.time_transformed_rollout(H, q0, p0, eps=0.1, steps=5, t0=nan)
+    with pytest.raises(ValueError, match="g is the Poincaré transformation's"):
+        tgi.time_transformed_rollout(H, q0, p0, eps=0.1, steps=5, g=lambda q, p: q.norm(dim=-1))
+
+
+def test_time_transformed_rollout_counts_its_steps_and_takes_g_of_q():
+    H = kepler_system()
+    q0, p0 = kepler_initial(0.5)
+    with torch.no_grad():
+        tr = tgi.time_transformed_rollout(H, q0, p0, eps=0.1, steps=10, save_every=3)
+        a = tgi.time_transformed_rollout(H, q0, p0, eps=0.1, steps=8, transform="poincare",
+                                         g=lambda q: q.norm(dim=-1))
+        b = tgi.time_transformed_rollout(H, q0, p0, eps=0.1, steps=8, transform="poincare",
+                                         g=lambda q, p: q.norm(dim=-1))
+    assert tr.steps == 10
+    assert torch.equal(a.q, b.q)

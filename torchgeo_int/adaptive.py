@@ -76,7 +76,7 @@ from typing import Callable
 
 import torch
 
-from ._validate import check_finite, check_pair, check_placement
+from ._validate import check_finite, check_int, check_pair, check_placement, check_real
 from .integrators import METHODS, TABLES, Composition, get_method
 from .gradients import SegmentFunction, check_reconstruction, reverse_sweep
 from .integrators.base import explicit_splitting
@@ -167,10 +167,12 @@ class StepControl:
             if self.grad_log_sigma is not None:
                 gq = self.grad_log_sigma(q)
             else:
-                gq = grad_of(lambda q_: torch.log(self.sigma(q_)), (q,))[0]
+                gq = grad_of(lambda q_: torch.log(self.sigma(q_)), (q,), "the step-size control sigma",
+                             constant_ok=True)[0]
             v = system.velocity(p, t) if system.separable else system.vector_field(q, p, t)[0]
             return -(gq * v).sum(dims)
-        gq, gp = grad_of(lambda q_, p_: torch.log(self.sigma(q_, p_)), (q, p))
+        gq, gp = grad_of(lambda q_, p_: torch.log(self.sigma(q_, p_)), (q, p),
+                         "the step-size control sigma", constant_ok=True)
         dq, dp = system.vector_field(q, p, t)
         return -((gq * dq).sum(dims) + (gp * dp).sum(dims))
 
@@ -276,6 +278,7 @@ def dense_output(system, t_nodes, q_nodes, p_nodes, times):
     if times.shape[1:] != batch:
         raise ValueError(f"times must have shape (n,) or (n, *batch) = (n, {tuple(batch)}), got "
                          f"{tuple(times.shape)}")
+    check_finite(times, "times")
     n = times.shape[0]
     T = t_nodes.detach().reshape(L, -1).T.contiguous()          # (B, L)
     X = times.detach().reshape(n, -1).T.contiguous()            # (B, n)
@@ -353,6 +356,22 @@ def _check_state(system, q0, p0, state_dims):
     if isinstance(state_dims, bool) or not isinstance(state_dims, int) or not 1 <= state_dims <= q0.dim():
         raise ValueError(f"state_dims must be an int in [1, q0.dim() = {q0.dim()}], got {state_dims!r}")
     return q0.shape[:q0.dim() - state_dims]
+
+
+def _broadcasts(shape, batch) -> bool:
+    """Whether a tensor of ``shape`` expands to ``batch`` (a number, or per-sample values)."""
+    shape, batch = tuple(shape), tuple(batch)
+    return len(shape) <= len(batch) and all(a in (1, b) for a, b in zip(shape[::-1], batch[::-1]))
+
+
+def _start_time(t0, batch, dtype, device):
+    """t0 (a number or per-sample tensor) as a (*batch) tensor, checked finite; keeps its graph."""
+    t = torch.as_tensor(t0, dtype=dtype, device=device)
+    if not _broadcasts(t.shape, batch):
+        raise ValueError(f"t0 must be a number or a tensor of the batch shape {tuple(batch)}, got "
+                         f"shape {tuple(t.shape)}")
+    check_finite(t, "t0")
+    return t.expand(batch).clone()
 
 
 def _as_system(system):
@@ -560,6 +579,11 @@ def adaptive_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, control: Ste
     (Hairer–Söderlind's ρ + (ε/2) G), see the module docstring.  ``rollout(system, q0, p0, h=ε,
     steps=N, step_control=σ, ...)`` is this function.
 
+    A time-dependent system gets t as a tensor of the batch shape (*batch): each sample is at its
+    own time (a fixed-step rollout passes one Python float).  Write t-dependence per sample, as
+    the energy's output is (e.g. ``(q * torch.cos(t)[..., None]).sum(-1)``, not
+    ``(q * torch.cos(t)).sum(-1)``, which broadcasts t against q's last axis).
+
     Returns an :class:`AdaptiveTrajectory`: nodes ``q, p`` (L, *batch, *state) at steps
     0, save_every, 2·save_every, ... and the final step (the frames of ``rollout``; ``q, p =
     traj`` unpacks them), each sample's own times ``t`` (L, *batch) and control ``rho``;
@@ -604,8 +628,10 @@ def adaptive_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, control: Ste
         raise ValueError(f"eps must be a finite nonzero fictive step, got {eps}")
     if (steps is None) == (until is None):
         raise ValueError("pass exactly one of steps= (a number of steps) and until= (an end time)")
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 0):
-        raise ValueError(f"steps must be an int >= 0, got {steps!r}")
+    if steps is not None:
+        check_int(steps, "steps", 0)
+    check_int(max_steps, "max_steps", 1)
+    h_min = check_real(h_min, "h_min", 0.0)
     for name, val in (("save_every", save_every), ("check_every", check_every)):
         if isinstance(val, bool) or not isinstance(val, int) or val < 1:
             raise ValueError(f"{name} must be an int >= 1, got {val!r}")
@@ -618,9 +644,11 @@ def adaptive_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, control: Ste
     if not isinstance(control, StepControl):
         control = StepControl(control)
     dtype, device = q0.dtype, q0.device
-    t = torch.as_tensor(t0, dtype=dtype, device=device).expand(batch).clone()
+    t = _start_time(t0, batch, dtype, device)
     if until is not None:
         until = float(until)
+        if not math.isfinite(until):
+            raise ValueError(f"until must be a finite time, got {until}")
         if not bool(((until - t) * eps > 0).all()):
             raise ValueError(f"until = {until} is not ahead of t0 in the direction of eps = {eps}")
     sigma0 = control(q0, p0)
@@ -630,16 +658,23 @@ def adaptive_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, control: Ste
     if not bool((sigma0 > 0).all()) or not bool(torch.isfinite(sigma0).all()):
         raise ValueError("the step-size density sigma must be finite and > 0 at the initial state "
                          f"(min {sigma0.min().item():g})")
-    rho = 1.0 / sigma0 if rho0 is None else torch.as_tensor(rho0, dtype=dtype, device=device).expand(batch)
-    if not bool((rho > 0).all()):
-        raise ValueError("rho0 must be > 0 (it is 1/step-size density)")
+    if rho0 is None:
+        rho = 1.0 / sigma0
+    else:
+        rho = torch.as_tensor(rho0, dtype=dtype, device=device)
+        if not _broadcasts(rho.shape, batch):
+            raise ValueError(f"rho0 must be a number or a tensor of the batch shape {tuple(batch)}, "
+                             f"got shape {tuple(rho.shape)}")
+        rho = rho.expand(batch)
+    if not bool((rho > 0).all()) or not bool(torch.isfinite(rho).all()):
+        raise ValueError("rho0 must be finite and > 0 (it is 1/step-size density)")
 
     vs = _VariableStep(system, integrator, control, state_dims, form)
     limit = steps if steps is not None else max_steps
     x0 = (q0, p0, rho, t)
     bar = progress_bar(steps, f"adaptive {integrator.name}") if progress else None
     kw = dict(limit=limit, until=until, max_steps=max_steps, eps=eps, save_every=save_every,
-              check_every=check_every, h_min=float(h_min), progress=bar)
+              check_every=check_every, h_min=h_min, progress=bar)
     try:
         if mode.name == "backprop" or not torch.is_grad_enabled():
             (qs, ps, rhos, ts), n = _run_backprop(vs, x0, **kw)
@@ -725,8 +760,8 @@ def sundman_g(alpha: float = 1.0, state_dims: int = 1):
 class PoincareTransform(Hamiltonian):
     r"""K(Q, P) = g(q, p) (H(q, p, t) + p_t) on the extended phase space Q = (q, t), P = (p, p_t)
     (HLW VIII.2, (2.5)); with p_t = −H(q₀, p₀) (:meth:`extend`) K = 0 along the solution and
-    q(τ), p(τ) follow H's flow with dt/dτ = g.  ``g(q, p)`` (shape (*batch), > 0; default
-    :func:`sundman_g` (1), g = |q|) is the time transformation; ``state_shape`` the shape of one
+    q(τ), p(τ) follow H's flow with dt/dτ = g.  ``g(q, p)`` (or ``g(q)``; shape (*batch), > 0;
+    default :func:`sundman_g` (1), g = |q|) is the time transformation; ``state_shape`` the shape of one
     sample's q in ``system``.  Gradients by autograd, so implicit (generalized) methods step it."""
 
     def __init__(self, system, g: Callable | None = None, *, state_shape):
@@ -735,9 +770,12 @@ class PoincareTransform(Hamiltonian):
         if not hasattr(system, "energy"):
             raise TypeError("the Poincaré transformation needs a Hamiltonian system")
         self.base = system
-        self.g = sundman_g(1.0, len(tuple(state_shape))) if g is None else g
-        if not callable(self.g):
-            raise TypeError("g must be callable as g(q, p) -> (*batch) > 0")
+        if g is None:
+            g = sundman_g(1.0, len(tuple(state_shape)))
+        if not callable(g):
+            raise TypeError("g must be callable as g(q) or g(q, p) -> (*batch) > 0")
+        self.g_fn = g                     # registered as a submodule when g is a module
+        self.g_uses_p = _n_positional(g) >= 2   # g(q) or g(q, p), as a StepControl's sigma
         self.ext = _Extended(state_shape)
         self._base_td = getattr(system, "time_dependent", False)
 
@@ -746,6 +784,10 @@ class PoincareTransform(Hamiltonian):
         p, pt = self.ext.split(P)
         H = self.base.energy(q, p, tq) if self._base_td else self.base.energy(q, p)
         return self.g(q, p) * (H + pt)
+
+    def g(self, q, p):
+        """dt/dτ = g(q, p) (or g(q))."""
+        return self.g_fn(q, p) if self.g_uses_p else self.g_fn(q)
 
     def dt_dtau(self, q, p):
         return self.g(q, p)
@@ -811,7 +853,19 @@ def time_transformed_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, step
     system = _as_system(system)
     batch = _check_state(system, q0, p0, state_dims)
     state_shape = q0.shape[q0.dim() - state_dims:]
+    eps = float(eps)
+    if not (math.isfinite(eps) and eps != 0.0):
+        raise ValueError(f"eps must be a finite nonzero fictive step, got {eps}")
+    if steps is not None:
+        check_int(steps, "steps", 0)
+    check_int(save_every, "save_every", 1)
+    check_int(chunk, "chunk", 1)
+    check_int(max_steps, "max_steps", 1)
     if transform == "logh":
+        if g is not None:
+            raise ValueError("g is the Poincaré transformation's dt/dτ; the logarithmic "
+                             "Hamiltonian (transform='logh') has its own, 1/(T + p_t): pass "
+                             "transform='poincare' with g")
         K = LogHamiltonian(system, state_shape=state_shape)
     elif transform == "poincare":
         K = PoincareTransform(system, g, state_shape=state_shape)
@@ -820,9 +874,10 @@ def time_transformed_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, step
     if (steps is None) == (until is None):
         raise ValueError("pass exactly one of steps= (a number of fictive steps) and until= (an end time)")
     ext = _Extended(state_shape)
-    t = torch.as_tensor(t0, dtype=q0.dtype, device=q0.device).expand(batch)
-    with torch.no_grad() if not (q0.requires_grad or p0.requires_grad) else torch.enable_grad():
-        E0 = system.energy(q0, p0, t) if getattr(system, "time_dependent", False) else system.energy(q0, p0)
+    t = _start_time(t0, batch, q0.dtype, q0.device)
+    # in the caller's grad mode: p_t = −H(q₀, p₀) depends on H's parameters (and on t₀ for a
+    # time-dependent H), and for the logarithmic Hamiltonian they reach the flow only through it
+    E0 = system.energy(q0, p0, t) if getattr(system, "time_dependent", False) else system.energy(q0, p0)
     if transform == "logh":
         V0 = system.potential(q0)
         if not bool((V0 < 0).all()):
@@ -842,6 +897,8 @@ def time_transformed_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, step
                        **rollout_options)
     else:
         until = float(until)
+        if not math.isfinite(until):
+            raise ValueError(f"until must be a finite time, got {until}")
         if not bool(((until - t) * eps > 0).all()):
             raise ValueError(f"until = {until} is not ahead of t0 in the direction of eps = {eps}")
         if chunk % save_every:
@@ -858,6 +915,7 @@ def time_transformed_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, step
             if bool(((ext.split(Q)[1] - until) * eps >= 0).all()):
                 break
         Q, P = torch.cat(Qs), torch.cat(Ps)
+        steps = n
     q, tt = ext.split(Q)
     p, _ = ext.split(P)
     d = (tt[1:] - tt[:-1]) * eps
@@ -866,12 +924,10 @@ def time_transformed_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, step
                                "a non-positive g, or T − E ≤ 0 for the logarithmic Hamiltonian); "
                                "reduce eps or check g")
     return AdaptiveTrajectory(q, p, tt, system, Q=Q, P=P,
-                              steps=(Q.shape[0] - 1) * save_every, save_every=save_every)
+                              steps=steps, save_every=save_every)
 
 
 # -- odeint ------------------------------------------------------------------------------------------
-ODEINT_OPTIONS = ("adaptive", "control", "h_min", "max_steps", "form")
-
 
 def odeint_adaptive(integrator, system, state, times, options, step_size, grad="backprop",
                     grad_options=None):
@@ -910,8 +966,8 @@ def odeint_adaptive(integrator, system, state, times, options, step_size, grad="
         return state.q0.unsqueeze(0), state.p0.unsqueeze(0)
     direction = 1.0 if times[-1] > times[0] else -1.0
     traj = adaptive_rollout(system, state.q0, state.p0, eps=direction * step_size, control=control,
-                            until=times[-1], method=integrator, t0=times[0], h_min=float(h_min),
-                            max_steps=int(max_steps), form=form, grad=grad, **(grad_options or {}))
+                            until=times[-1], method=integrator, t0=times[0], h_min=h_min,
+                            max_steps=max_steps, form=form, grad=grad, **(grad_options or {}))
     tt = torch.tensor(times[1:], dtype=state.q0.dtype, device=state.q0.device)
     Q, P = traj.at(tt)
     return torch.cat([state.q0.unsqueeze(0), Q]), torch.cat([state.p0.unsqueeze(0), P])

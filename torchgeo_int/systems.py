@@ -118,14 +118,18 @@ def _checked_once(fn: Callable[[Tensor], Tensor], label: str) -> Callable[[Tenso
 
 
 def grad_of(fn: Callable[..., Tensor], inputs: tuple[Tensor, ...],
-            label: str = "the energy function", user_fn=None) -> tuple[Tensor, ...]:
+            label: str = "the energy function", user_fn=None, *,
+            constant_ok: bool = False) -> tuple[Tensor, ...]:
     """∇ of a per-sample scalar ``fn(*inputs)`` (shape = batch shape) w.r.t. each input.
 
     Samples are independent, so the gradient of the sum is the per-sample gradient.  The graph is
     kept (create_graph) when the caller has grad mode on and the gradient can depend on something
     that requires grad: an input that does, or a parameter / captured tensor that ``fn`` uses
     (:func:`~torchgeo_int._autograd.reaches_other_leaves`).  Otherwise — a fixed H rolled out
-    without ``torch.no_grad()`` — no graph is built and the result does not require grad."""
+    without ``torch.no_grad()`` — no graph is built and the result does not require grad.
+    ``constant_ok``: an ``fn`` that does not depend on its inputs (a constant step-size control)
+    has zero gradients instead of raising (an energy that ignores q and p is a user's mistake;
+    a constant control is not)."""
     keep = torch.is_grad_enabled()
     if not keep and torch.compiler.is_compiling():
         # Traced into a graph without autograd (compile=True's blocks and loops, fused
@@ -138,14 +142,16 @@ def grad_of(fn: Callable[..., Tensor], inputs: tuple[Tensor, ...],
         raise TypeError(f"{_what(label, user_fn)} got complex states ({inputs[-1].dtype}): "
                         "Hamiltonian systems take real coordinates; split a complex z into "
                         "torch.cat([z.real, z.imag], -1)")
-    return _autograd_grad(fn, inputs, keep, label, user_fn)
+    return _autograd_grad(fn, inputs, keep, label, user_fn, constant_ok)
 
 
-def _autograd_grad(fn, inputs, keep, label, user_fn):
+def _autograd_grad(fn, inputs, keep, label, user_fn, constant_ok=False):
     """grad_of by torch.autograd.grad, with the output checks (and the graph when ``keep``)."""
     with torch.enable_grad():
         xs = tuple(x if (keep and x.requires_grad) else x.detach().requires_grad_() for x in inputs)
         out = check_energy(fn(*xs), xs[-1], label, user_fn)  # (q, p) or (g, μ): last is (..., n)
+        if not out.requires_grad and constant_ok:
+            return tuple(torch.zeros_like(x) for x in inputs)
         if not out.requires_grad:
             raise RuntimeError(f"{_what(label, user_fn)} returned a tensor that does not depend "
                                "on its inputs through autograd, so its gradient (the vector field) cannot be "

@@ -134,7 +134,7 @@ from ..gradients import not_reversible
 from ..integrators import CotangentLiftIntegrator, Integrator
 from ..integrators.first_order import FirstOrderIntegrator
 from ..systems import ODESystem
-from .checks import (COMMON, OPTIONS, PARTITIONED_ONLY, check_int, check_state, check_step_size,
+from .checks import (ADAPTIVE, COMMON, OPTIONS, PARTITIONED_ONLY, check_int, check_state, check_step_size,
                      check_times, parse_grad_options, solver_tol, tol_values)
 from .contract import INTERPS, FirstCallCheck, TimeMap, integrate_until_event, step_callback
 from .driver import hooked_step, integrate
@@ -171,6 +171,12 @@ def odeint(func, y0, t, *, rtol=1e-7, atol=1e-9, method=None, options=None, even
                     f"steps, and its memory-lean gradients are torchdiffeq's continuous adjoint: "
                     f"use tgi.odeint_adjoint(...) (or a geometric method with this option)")
             options = {k: v for k, v in options.items() if k != "grad"}
+        if isinstance(options, Mapping) and "adaptive" in options:
+            # torchdiffeq would only warn of an unexpected argument and run its own steps
+            raise ValueError(
+                f"options['adaptive'] = {options['adaptive']!r} is the reversible variable steps "
+                f"of the geometric methods (verlet, yoshida4, implicit_midpoint, ...); "
+                f"torchdiffeq's method {method or 'dopri5'!r} has its own error control (rtol, atol)")
         # torchdiffeq broadcasts a func of the wrong shape, turns an inf in t into NaN rows and
         # loops on a NaN y0 ("underflow in dt"): the same checks as the geometric path first.
         check_times(t)
@@ -228,6 +234,11 @@ def geometric_odeint(func, y0, t, *, rtol, atol, method, options, event_fn):
             extra = f" ({', '.join(PARTITIONED_ONLY)} apply to partitioned methods only)"
         raise ValueError(f"unknown option(s) {unknown} for method {method_name(method)!r}; "
                          f"accepted: {', '.join(allowed)}{extra}")
+    stray = [k for k in ADAPTIVE[1:] if k in options]
+    if stray and "adaptive" not in options:
+        raise ValueError(f"option(s) {stray} configure the reversible variable steps: pass "
+                         f"options['adaptive'] = 'reversible' with them (without it the steps are "
+                         f"fixed, options['step_size'])")
     if isinstance(method, Integrator) and ("solver" in options or "max_iter" in options):
         raise ValueError("options 'solver'/'max_iter' configure named methods; configure the "
                          "Integrator instance itself")
@@ -309,11 +320,12 @@ def geometric_odeint(func, y0, t, *, rtol, atol, method, options, event_fn):
         return state.assemble(X)
 
     # An explicit splitting of a separable func solves nothing per sample: the state keeps the
-    # user's shapes (no reshapes around every call of func).  Not for a flat y0 under
-    # options['adaptive'], whose step sizes are per sample of the (*batch, n) layout.
+    # user's shapes (no reshapes around every call of func).  Not under options['adaptive'],
+    # whose step sizes are per sample of the flat (*batch, n) layout (in the user's shapes a
+    # q of shape (N, d) would be N samples, each with its own steps and time).
     natural = (func is not None and options.get("hamiltonian") is None
                and options.get("separable") is True and integrator.splitting() is not None
-               and (isinstance(y0, tuple) or "adaptive" not in options))
+               and "adaptive" not in options)
     state = PartitionedState(y0, options.get("split"), batch_dims, natural=natural)
     system = system_for(compile, kind, func, options, state, y0, caller,
                          lambda: partitioned_system(func, caller, state, options))
