@@ -9,6 +9,7 @@ import torch
 
 import torchgeo_int as tgi
 from torchgeo_int.constraints import ConstrainedSystem, ConstraintRankError, Rattle
+from torchgeo_int.solvers import default_tol
 
 DT = torch.float64
 METHODS = list(tgi.CONSTRAINED_METHODS)
@@ -233,3 +234,52 @@ def test_bad_states_and_systems_are_refused():
         ConstrainedSystem(tgi.Lagrangian(lambda q, v: (v * v).sum(-1)), lambda q: q)
     with pytest.raises(TypeError, match="ConstrainedSystem"):
         tgi.rollout(tgi.Lagrangian.mechanical(lambda q: q[..., 1]), q0, p0, h=0.1, steps=1, method=Rattle())
+
+
+# -- review fixes (2026-12-05): units, scaled constraints, NaN ------------------------------------
+@pytest.mark.parametrize("dtype,k", [(torch.float64, 1e9), (torch.float32, 1e3)])
+def test_constrained_steps_do_not_depend_on_the_units_of_mass(dtype, k):
+    # the same motion with every mass × k: Newton's tests compared a momentum residual (RATTLE's
+    # impulse ν, the variational Legendre equation) with velocity-sized tolerances and failed or
+    # held g only to tol·|ν|
+    out = {}
+    for scale in (1.0, k):
+        L = tgi.Lagrangian.mechanical(lambda q: scale * q[..., 1], mass=torch.tensor(scale, dtype=dtype))
+        S = ConstrainedSystem(L, lambda q: (q * q).sum(-1, keepdim=True) - 1)
+        th = torch.tensor([0.5], dtype=dtype)
+        q0 = torch.stack([th.sin(), -th.cos()], -1)
+        p0 = scale * 0.3 * torch.stack([th.cos(), th.sin()], -1)
+        for name, method in tgi.CONSTRAINED_METHODS.items():
+            q, p = tgi.rollout(S, q0, p0, h=0.05, steps=40, method=method)
+            out[name, scale] = q
+            # to the solver's tolerance (5e-14 / 1.3e-6); before: 7.7e-6 for RATTLE at k = 1e9 in
+            # float64, and ConvergenceError for the variational ones
+            assert ((q * q).sum(-1) - 1).abs().max() < 20 * default_tol(dtype)
+    for name in tgi.CONSTRAINED_METHODS:
+        assert torch.allclose(out[name, 1.0], out[name, k], atol=100 * default_tol(dtype))
+
+
+def test_scaled_but_independent_constraints_are_not_a_rank_loss():
+    # a planar pendulum in R³: |q|² = 1 and s·q_z = 0 have orthogonal gradients for any s; the
+    # Gram G M⁻¹ Gᵀ's condition s² is a scaling, not a rank loss (it is equilibrated now)
+    L = tgi.Lagrangian.mechanical(lambda q: q[..., 1])
+    for s in (1e4, 1e7):
+        S = ConstrainedSystem(L, lambda q: torch.stack([0.5 * ((q * q).sum(-1) - 1), s * q[..., 2]], -1))
+        q0 = torch.tensor([[0.6, -0.8, 0.0]], dtype=DT)
+        p0 = torch.tensor([[0.8, 0.6, 0.0]], dtype=DT)
+        q, p = tgi.rollout(S, q0, p0, h=0.05, steps=20, method=Rattle())
+        assert ((q * q).sum(-1) - 1).abs().max() < 1e-13 and q[..., 2].abs().max() < 1e-15
+
+
+def test_nan_constraints_empty_constraints_and_variable_steps_are_refused():
+    L = tgi.Lagrangian.mechanical(lambda q: q[..., 1])
+    q0, p0 = pendulum_state([0.5], [0.3])
+    nan = ConstrainedSystem(L, lambda q: (q * q).sum(-1, keepdim=True) - 1 + float("nan"))
+    with pytest.raises(ValueError, match="T\\*N"):          # NaN compared False with the tolerance
+        nan.check_state(q0, p0)
+    empty = ConstrainedSystem(L, lambda q: q[..., :0])
+    with pytest.raises(ValueError, match="m = 0"):
+        tgi.rollout(empty, q0, p0, h=0.1, steps=1, method=Rattle())
+    with pytest.raises(ValueError, match="ConstrainedSystem"):
+        tgi.rollout(cartesian_pendulum(), q0, p0, h=0.1, steps=2, method=Rattle(),
+                    step_control=lambda q: torch.ones(q.shape[:-1], dtype=DT))

@@ -258,3 +258,77 @@ def test_wrong_system_kinds_are_refused():
     with pytest.raises(TypeError, match="Lagrangian"):
         tgi.rollout(ForcedSystem(pendulum_H(), damping=0.1), *state(), h=0.1, steps=1,
                     method=tgi.FORCED_VARIATIONAL_METHODS["forced_variational_midpoint"])
+
+
+# -- review fixes (2026-12-05) ----------------------------------------------------------------------
+@pytest.mark.parametrize("dtype,k", [(torch.float64, 1e6), (torch.float32, 1e2)])
+def test_variational_steps_do_not_depend_on_the_units_of_mass(dtype, k):
+    # L = k[½v² − (1 − cos q)]: the motion does not depend on k; the Legendre residual (a
+    # momentum) was tested against a velocity-sized tolerance: ConvergenceError from k ≈ 1e3
+    # in float64 (1e2 in float32)
+    def run(scale, name):
+        L = tgi.Lagrangian.mechanical(lambda q: scale * (1 - torch.cos(q)).sum(-1),
+                                      mass=torch.tensor(scale, dtype=dtype))
+        system = L if not name.startswith("forced") else ForcedSystem(L, damping=0.1 * scale)
+        q0, p0 = torch.tensor([[0.5]], dtype=dtype), torch.tensor([[scale]], dtype=dtype)
+        return tgi.rollout(system, q0, p0, h=0.1, steps=20, method=name)[0]
+    for name in ("variational_midpoint", "variational_verlet", "forced_variational_midpoint"):
+        assert torch.allclose(run(1.0, name), run(k, name), atol=100 * torch.finfo(dtype).eps)
+
+
+def test_alpha_pair_compositions_are_symmetric_second_order():
+    m = tgi.VariationalIntegrator([tgi.AlphaMap(0.7), tgi.AlphaMap(0.3)], [0.5, 0.5])
+    assert m.symmetric and m.order == 2          # AlphaMap(0.7).adjoint() is α = 0.30000000000000004
+
+
+def test_control_set_after_construction_makes_the_system_time_dependent():
+    H = pendulum_H()
+    u = lambda t: torch.tensor([math.sin(3 * t)])          # noqa: E731
+    late = ForcedSystem(H, input_map=torch.ones(1, 1))
+    assert not late.time_dependent
+    late.control = u
+    fresh = ForcedSystem(H, input_map=torch.ones(1, 1), control=u)
+    assert late.time_dependent and fresh.time_dependent
+    q0, p0 = torch.zeros(1, 1), torch.zeros(1, 1)
+    sigma = lambda q: torch.ones(q.shape[:-1])              # noqa: E731  σ ≡ 1: fixed steps
+    with torch.no_grad():
+        a = tgi.rollout(fresh, q0, p0, h=0.1, steps=20, method="verlet", step_control=sigma)
+        b = tgi.rollout(late, q0, p0, h=0.1, steps=20, method="verlet", step_control=sigma)
+    assert torch.equal(a.p, b.p)                # the late control used to be read at t = 0
+
+
+def test_input_map_dtype_and_damping_gradients():
+    H = pendulum_H()
+    q0, p0 = state(2)
+    G32 = torch.ones(1, 1, dtype=torch.float32)      # a float32 map with float64 states
+    F = ForcedSystem(H, input_map=G32, control=torch.tensor([0.5]))
+    q, _ = tgi.rollout(F, q0, p0, h=0.1, steps=5, method="verlet")
+    assert q.dtype == torch.float64
+    with pytest.raises(TypeError, match="floating point"):
+        ForcedSystem(H, input_map=torch.ones(1, 1, dtype=torch.int64), control=torch.tensor([0.5]))
+    c = torch.tensor(0.3, requires_grad=True)        # a tensor damping that requires grad
+    q, p = tgi.rollout(ForcedSystem(H, damping=c), q0, p0, h=0.1, steps=5, method="implicit_midpoint")
+    (g,) = torch.autograd.grad(p[-1].sum(), c)
+    with torch.no_grad():
+        fd = [tgi.rollout(ForcedSystem(H, damping=float(c) + s), q0, p0, h=0.1, steps=5,
+                          method="implicit_midpoint")[1][-1].sum() for s in (1e-6, -1e-6)]
+    assert abs(float(g) - float(fd[0] - fd[1]) / 2e-6) < 1e-6
+    with pytest.raises(ValueError, match="cannot be differentiated"):
+        tgi.Lagrangian.mechanical(lambda q: q.sum(-1), mass=torch.tensor(2.0, requires_grad=True))
+
+
+def test_discrete_work_times_and_inputs():
+    H = pendulum_H()
+    u = lambda t: torch.tensor([math.sin(3 * t)])          # noqa: E731
+    F = ForcedSystem(H, input_map=torch.ones(1, 1), control=u)
+    q0, p0 = state(2)
+    t0 = 10000.3                                  # times in Python floats, as the step's
+    q, p = tgi.rollout(F.float(), q0.float(), p0.float(), h=0.1, steps=10, method="implicit_midpoint", t0=t0)
+    W = discrete_work(F, q, p, h=0.1, t0=t0)
+    E = H.energy(q.double(), p.double())
+    assert (E[1:] - E[:-1] - W.double()).abs().max() < 1e-5
+    assert discrete_work(F, q[:1], p[:1], h=0.1).shape == (0, 2)
+    with pytest.raises(ValueError, match="finite nonzero step"):
+        discrete_work(F, q, p, h=0.0)
+    with pytest.raises(ValueError, match="same shape"):
+        discrete_work(F, q, p[:-1], h=0.1)

@@ -303,7 +303,9 @@ def test_float32():
         a = run(L64, m, Q0, P0, 0.1, 20)
         b = run(L64, m, Q0.float(), P0.float(), 0.1, 20)
         assert b[0].dtype == torch.float32
-        assert all((x.double() - y).abs().max() < 1e-5 for x, y in zip(b, a))
+        # each step's Newton stops at |Δv| ≲ tol (1 + |v|), tol = 1.3e-6 in float32 (the momentum
+        # residual is divided by the mass scale, ≈ 1.5 here): 20 steps stay within 4e-5
+        assert all((x.double() - y).abs().max() < 4e-5 for x, y in zip(b, a))
     Lm = Lagrangian.mechanical(potential, MASS.float())
     a = run(Lm, VARIATIONAL_METHODS["variational_verlet"], Q0.float(), P0.float(), 0.1, 20)
     b = run(Lm.hamiltonian_system(), "verlet", Q0.float(), P0.float(), 0.1, 20)

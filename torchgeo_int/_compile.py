@@ -696,7 +696,9 @@ _KERNELS = IdentityCache(KEEP)
 
 def _kernels(integrator, system) -> _Kernels:
     k = _KERNELS.get((integrator, system))
-    if k is None:
+    # a system whose time dependence changed (a ForcedSystem given a control u(t) later) gets
+    # kernels that pass t: the old ones were traced with t fixed
+    if k is None or k.time_dependent != bool(getattr(system, "time_dependent", True)):
         k = _KERNELS.put((integrator, system), (), _Kernels(integrator, system))
     return k
 

@@ -96,14 +96,18 @@ def singular_threshold(n: int, dtype) -> float:
     return 1.0 / (max(n, 1) * torch.finfo(dtype).eps)
 
 
-def find_singular(A: torch.Tensor, dtype, *, exponent: float = 1.0):
+def find_singular(A: torch.Tensor, dtype):
     """The samples of a batch of square matrices A (..., m, m) that are numerically singular for
-    ``dtype``: condition number (taken in float64) infinite or ≥ singular_threshold(m, dtype) **
-    exponent (½ for a Gram matrix G Gᵀ, whose condition is that of G squared).  None when there
-    are none, else (how many, of how many, the worst condition number) for the caller's error."""
+    ``dtype``: condition number (taken in float64) infinite or ≥ singular_threshold(m, dtype).
+    None when there are none, else (how many, of how many, the worst condition number) for the
+    caller's error."""
     with torch.no_grad():
-        cond = torch.linalg.cond(A.double())
-    bad = ~torch.isfinite(cond) | (cond >= singular_threshold(A.shape[-1], dtype) ** exponent)
+        A = A.double()
+        finite = torch.isfinite(A).all(-1).all(-1)      # a non-finite matrix is singular here
+        eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+        cond = torch.linalg.cond(torch.where(finite[..., None, None], A, eye))
+        cond = torch.where(finite, cond, torch.full_like(cond, math.inf))
+    bad = ~torch.isfinite(cond) | (cond >= singular_threshold(A.shape[-1], dtype))
     if not bool(bad.any()):
         return None
     worst = float(torch.where(torch.isfinite(cond), cond, torch.full_like(cond, math.inf)).max())

@@ -616,6 +616,12 @@ def adaptive_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, control: Ste
     from .gradients import grad_mode, not_reversible, resolve_params
     system = _as_system(system)
     integrator = _method(method)
+    from .constraints import ConstrainedSystem
+    if isinstance(system, ConstrainedSystem):
+        raise ValueError("reversible variable steps rescale the system's vector field by the step "
+                         "size, which a ConstrainedSystem (stepped by Rattle or a constrained "
+                         "variational method through its multipliers) does not have; use fixed "
+                         "steps")
     if not getattr(integrator, "symmetric", False) or getattr(integrator, "first_order", False):
         raise ValueError(
             f"reversible step control needs a symmetric method of (q, p) (verlet, yoshida4, "

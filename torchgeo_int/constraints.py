@@ -86,6 +86,9 @@ class ConstrainedSystem(System):
             got = tuple(c.shape) if isinstance(c, torch.Tensor) else type(c).__name__
             raise ValueError(f"the constraint must return (..., m) for q of shape {tuple(q.shape)} "
                              f"(batch dims {tuple(q.shape[:-1])}, then one entry per constraint), got {got}")
+        if c.shape[-1] == 0:
+            raise ValueError("the constraint returned m = 0 entries: a ConstrainedSystem needs at "
+                             "least one constraint (without any, step the Lagrangian itself)")
         return c
 
     def jacobian(self, q: Tensor) -> Tensor:
@@ -116,13 +119,18 @@ class ConstrainedSystem(System):
         with torch.no_grad():
             G = self.jacobian(q) if G is None else G.detach()
             A = self._gram(G)
+            # equilibrated (unit diagonal): rows of G that are merely scaled (units, masses, a
+            # constraint written as s·g) are independent; only their directions can lose rank.
+            # A zero row (the gradient of g² on g = 0) gives 0/0, flagged as non-finite.
+            d = A.diagonal(dim1=-2, dim2=-1).clamp_min(0).sqrt()
+            A = A / (d.unsqueeze(-1) * d.unsqueeze(-2))
         m = A.shape[-1]
-        found = find_singular(A, q.dtype, exponent=0.5)
+        found = find_singular(A, q.dtype)
         if found is not None:
             count, total, worst = found
             raise ConstraintRankError(
                 f"the constraint Jacobian G(q) = ∂g/∂q has lost rank at {count} of "
-                f"{total} sample(s): G M⁻¹ Gᵀ ({m}x{m}) has condition number {worst:.3e}; "
+                f"{total} sample(s): G M⁻¹ Gᵀ ({m}x{m}), equilibrated, has condition number {worst:.3e}; "
                 "the constraints must be independent (drop a redundant one, or write g so that "
                 "its gradient does not vanish on g = 0)")
 
@@ -148,7 +156,7 @@ class ConstrainedSystem(System):
             gq = float(self.constraint(q).abs().max())
             hp = float(self.hidden(q, p).abs().max())
             qs, ps = float(q.abs().max()), float(p.abs().max())
-        if gq > tol * (1 + qs) or hp > tol * (1 + ps):
+        if not (gq <= tol * (1 + qs) and hp <= tol * (1 + ps)):      # NaN fails too
             raise ValueError(f"(q0, p0) must lie on T*N: max|g(q0)| = {gq:.2e}, max|G M⁻¹ p0| = "
                              f"{hp:.2e}; start on the constraint and use project_momentum(q, p)")
 
@@ -205,14 +213,21 @@ class Rattle(_ConstrainedBase, ImplicitIntegrator):
         gradV, G0 = (L.grad_V(q), S.jacobian(q)) if cache is None else cache
         a = p - (0.5 * h) * gradV
 
-        def residual(nu, q, a, G0):   # the state goes in as the solver's args
+        # The unknown is y = h G₀M⁻¹G₀ᵀν, the correction in constraint units (ν = (h A₀)⁻¹ y,
+        # A₀ = G₀M⁻¹G₀ᵀ): Newton's test |g| ≤ tol (1 + |y|) then compares lengths with lengths
+        # whatever the mass (an impulse ν grows with it, and held g only to tol·|ν|).  Its start
+        # is the unconstrained step's violation g(q + hM⁻¹a): one linearised (SHAKE) iteration.
+        def multiplier(y, G0):
+            return torch.linalg.solve_ex(S._gram(G0), y.unsqueeze(-1))[0].squeeze(-1) / h
+
+        def residual(y, q, a, G0):   # the state goes in as the solver's args
+            nu = multiplier(y, G0)
             return S.constraint(q + h * S.mass_solve(a - (G0.mT @ nu.unsqueeze(-1)).squeeze(-1)))
 
-        with torch.no_grad():   # the guess: one linearised (SHAKE) iteration from ν = 0
-            nu0, info = torch.linalg.solve_ex(S._gram(G0.detach()),
-                                              S.constraint((q + h * S.mass_solve(a)).detach()).unsqueeze(-1))
-            nu0 = torch.where((info == 0).unsqueeze(-1), nu0.squeeze(-1) / h, 0.0)
-        nu = _rank_guard(S, q, G0, lambda: self.options.root(residual, nu0, (q, a, G0)))
+        with torch.no_grad():
+            y0 = S.constraint((q + h * S.mass_solve(a)).detach())
+        y = _rank_guard(S, q, G0, lambda: self.options.root(residual, y0, (q, a, G0)))
+        nu = multiplier(y, G0)
         p_half = a - (G0.mT @ nu.unsqueeze(-1)).squeeze(-1)
         q1 = q + h * S.mass_solve(p_half)
         gradV1, G1 = L.grad_V(q1), S.jacobian(q1)

@@ -48,11 +48,13 @@ system never increases.
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Callable
 
 import torch
 from torch import nn
 
+from ._validate import check_finite, check_pair
 from .integrators.registry import register
 from .integrators.variational import VariationalIntegrator
 from .lagrangian import Lagrangian, SecondOrderSystem, ConstantMatrix
@@ -141,6 +143,9 @@ class ForcedSystem(System):
             else:
                 if not isinstance(input_map, torch.Tensor) or input_map.dim() != 2:
                     raise ValueError("input_map must be an (n, k) tensor or a callable G(q) -> (..., n, k)")
+                if not input_map.is_floating_point():
+                    raise TypeError(f"input_map must be floating point, got {input_map.dtype}")
+                check_finite(input_map, "input_map")
                 self._input_const = input_map
         self.control = control
         if input_map is None and control is not None and self._force_arity < 4:
@@ -151,8 +156,13 @@ class ForcedSystem(System):
         self.velocity_dependent = self.force_velocity_dependent or damping is not None
         self.separable = bool(getattr(system, "separable", False)) and not self.velocity_dependent
         self.force_sign = getattr(system, "force_sign", 1.0)
-        self.time_dependent = (getattr(system, "time_dependent", False) or self._force_arity >= 3
-                               or callable(control))
+
+    @property
+    def time_dependent(self) -> bool:
+        """Whether the forces depend on t: read at each use, since ``control`` may be replaced
+        by a callable u(t) after construction (``PortHamiltonianNN``'s losses do)."""
+        return bool(getattr(self.system, "time_dependent", False) or self._force_arity >= 3
+                    or callable(self.control))
 
     # -- the generalized force ----------------------------------------------------------------
     def control_at(self, t: float):
@@ -194,7 +204,7 @@ class ForcedSystem(System):
         if not ok:
             raise ValueError(f"the control's batch shape {tuple(u.shape[:-1])} does not match the "
                              f"state's {tuple(q.shape[:-1])}")
-        return torch.broadcast_to((G @ u.to(q).unsqueeze(-1)).squeeze(-1), q.shape)
+        return torch.broadcast_to((G.to(q) @ u.to(q).unsqueeze(-1)).squeeze(-1), q.shape)
 
     def generalized_force(self, q: Tensor, z: Tensor, v: Tensor, t: float = 0.0) -> Tensor:
         """F_tot(q, z, t) = F(q, z, t, u(t)) − C v + G(q) u(t): z is the state's second
@@ -295,10 +305,16 @@ def discrete_work(system: ForcedSystem, q: Tensor, p: Tensor, *, h: float, t0: f
     if not isinstance(system, ForcedSystem):
         raise TypeError(f"discrete_work takes a ForcedSystem, got {type(system).__name__}")
     AlphaMap(alpha)
+    check_pair(q, p, ("q", "p"))
+    if q.dim() < 2:
+        raise ValueError(f"q, p must be trajectories (K+1, ..., n), got shape {tuple(q.shape)}")
+    h, t0 = float(h), float(t0)
+    if not (math.isfinite(h) and h != 0.0) or not math.isfinite(t0):
+        raise ValueError(f"h must be a finite nonzero step and t0 a finite time, got h = {h}, t0 = {t0}")
     q0, q1, p0, p1 = q[:-1], q[1:], p[:-1], p[1:]
+    if q0.shape[0] == 0:
+        return q.new_zeros(q.shape[1:-1]).unsqueeze(0)[:0]
     qb = (1.0 - alpha) * q0 + alpha * q1
-    tk = t0 + h * torch.arange(q0.shape[0], dtype=q.dtype, device=q.device)
-    tb = tk + alpha * h
     if system.lagrangian_side:
         zb = vb = (q1 - q0) / h
     else:
@@ -306,7 +322,7 @@ def discrete_work(system: ForcedSystem, q: Tensor, p: Tensor, *, h: float, t0: f
         vb = None
     out = []
     for k in range(q0.shape[0]):   # the force may depend on t through a Python-float control
-        tkb = float(tb[k])
+        tkb = t0 + (k + alpha) * h     # in Python floats, as the integrator's step times are
         v = vb[k] if vb is not None else system.system.vector_field(qb[k], zb[k], tkb)[0]
         F = system.generalized_force(qb[k], zb[k], v, tkb)
         out.append((F * (q1[k] - q0[k])).sum(-1))

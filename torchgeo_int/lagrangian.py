@@ -62,9 +62,14 @@ class ConstantMatrix:
             raise ValueError(f"{name} must be a scalar, a vector (diagonal) or a square (n, n) "
                              f"matrix, got shape {tuple(mass.shape)}")
         self.kind = {0: "scalar", 1: "diag", 2: "full"}[mass.dim()]
-        self.M = mass.detach()
         if not invertible:
+            self.M = mass      # a damping that requires grad keeps it (C is applied, not inverted)
             return
+        if mass.requires_grad:
+            raise ValueError(f"a constant {name} is inverted once at construction, so it cannot "
+                             f"be differentiated; for a learned {name} use a module whose energy "
+                             "takes it (e.g. tgi.nn.MechanicalHNN) or pass its value detached")
+        self.M = mass
         if mass.dim() <= 1:
             a = mass.abs()
             if bool((a == 0).any()) or float(a.max() / a.min()) >= singular_threshold(a.numel(), mass.dtype):
@@ -284,6 +289,17 @@ class Lagrangian(System):
             (Lv,) = torch.autograd.grad(L, vv, create_graph=True)
             return batch_jacobian(Lv, vv, keep)
 
+    def momentum_scale(self, q, v, t=0.0) -> Tensor:
+        """A per-sample mass scale (..., 1): max |∂²L/∂v²| on the diagonal at (q, v), no graph.
+        The variational steps divide their momentum residuals by it, so that Newton's test
+        |r| ≤ tol (1 + |v|) compares velocities with velocities (a Lagrangian scaled by k, the
+        same motion in other units, would otherwise leave a momentum residual of round-off
+        eps·k|v| above the tolerance)."""
+        with torch.no_grad():
+            W = self.velocity_hessian(q.detach(), v.detach(), t)
+        return W.diagonal(dim1=-2, dim2=-1).abs().amax(-1, keepdim=True).clamp_min(
+            torch.finfo(q.dtype).tiny)
+
     def check_regular(self, q, v, t=0.0) -> None:
         """Raise :class:`DegenerateLagrangianError` where ∂²L/∂v² is (numerically) singular."""
         with torch.no_grad():
@@ -367,6 +383,13 @@ class MechanicalLagrangian(Lagrangian):
 
     def lagrangian(self, q, v, t=0.0):
         return 0.5 * (v * self._mass.apply(v)).sum(-1) - self.potential(q)
+
+    def momentum_scale(self, q, v, t=0.0) -> Tensor:
+        """max |M_ii|: the constant mass's scale (:meth:`Lagrangian.momentum_scale`)."""
+        M = self._mass
+        scale = 1.0 if M.kind == "identity" else float(
+            (M.M.diagonal() if M.kind == "full" else M.M).detach().abs().max())
+        return q.new_full((*q.shape[:-1], 1), scale)
 
     def grad_V(self, q):
         if self.potential_grad is not None:
@@ -561,15 +584,18 @@ class ComposedDiscreteLagrangian:
         unknown, the multiplier ν (..., m); p₀ becomes p₀ − G₀ᵀν in the first equation and
         g(q_s) = 0 joins the system."""
         maps, c = self.maps, self.fractions
+        # momentum equations divided by the mass scale μ (velocity units, as the unknowns), and
+        # the multiplier taken as ν = μ ν′: Newton's tolerance then does not depend on the units
+        mu = self.terms[0].L.momentum_scale(q0, v0, t)
 
         def residual(z, q, p, *G):   # (q, p[, G₀]): the solver's args (solvers' note on args)
             if G:
                 z, nu = z[:-1], z[-1]
-                p = p - (G[0].mT @ nu.unsqueeze(-1)).squeeze(-1)
+                p = p - mu * (G[0].mT @ nu.unsqueeze(-1)).squeeze(-1)
             st = self._stages(self._unflat(z), q, h, t)
             res, prev_D2 = [], p  # p₀ + D₁L_d¹ = 0, then D₂L_d^{i−1} + D₁L_dⁱ = 0
             for i, (_, D1, D2, extra) in enumerate(st):
-                res.append(prev_D2 + D1 if i else p + D1)
+                res.append((prev_D2 + D1 if i else p + D1) / mu)
                 if extra is not None:
                     res.append(extra)
                 prev_D2 = D2

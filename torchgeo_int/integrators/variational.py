@@ -106,7 +106,9 @@ class VariationalIntegrator(ImplicitIntegrator):
 
     def _is_symmetric(self) -> bool:
         pairs = list(zip(self.maps, self.fractions))
-        return all(c == c2 and R.adjoint().key() == R2.key()
+        # either way round: AlphaMap(0.7).adjoint() is AlphaMap(0.30000000000000004), while
+        # AlphaMap(0.3).adjoint() is AlphaMap(0.7) exactly
+        return all(c == c2 and (R.adjoint().key() == R2.key() or R2.adjoint().key() == R.key())
                    for (R, c), (R2, c2) in zip(pairs, reversed(pairs)))
 
     def adjoint(self) -> "VariationalIntegrator":
