@@ -647,3 +647,80 @@ def test_lazy_adam_errors():
     with pytest.raises(TypeError, match="lazy_states must be a bool"):
         tf.optimizer(lazy_states="yes")
     assert isinstance(tf.optimizer(name="sgd"), torch.optim.SGD)
+
+
+# ---------------------------------------------------------------- review fixes (2026-12-05)
+
+
+@pytest.mark.parametrize("method", ["verlet", "symplectic_euler", "implicit_midpoint"])
+def test_series_of_hamiltonians_with_constant_derivatives(method):
+    """A free particle and uniform gravity: H_q or H_pp constant, so autograd has no graph for
+    the next derivative; the series used to raise instead of taking those terms as 0."""
+    torch.manual_seed(0)
+    q, p = torch.randn(5, 2), torch.randn(5, 2)
+    h, g = 0.1, 9.8
+    free = tgi.Hamiltonian(lambda q, p: 0.5 * (p * p).sum(-1))
+    grav = tgi.Hamiltonian(lambda q, p: 0.5 * (p * p).sum(-1) + g * q.sum(-1))
+    grav_sep = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: g * q.sum(-1))
+    assert torch.equal(ModifiedHamiltonian(free, method, h).energy(q, p), free.energy(q, p))
+    d = ModifiedHamiltonian(grav, method, h).energy(q, p) - grav.energy(q, p)
+    # K = H_pp(H_q, H_q) = 2g², {H, H_p·H_q} = 2g² (two coordinates)
+    expect = {"verlet": torch.full((5,), h * h * (2 * g * g / 48 - 2 * g * g / 16)),
+              "implicit_midpoint": torch.full((5,), -(h * h / 24) * 2 * g * g),
+              "symplectic_euler": -(h / 2) * g * p.sum(-1) + (h * h / 12) * 2 * g * g}[method]
+    torch.testing.assert_close(d, expect, rtol=1e-12, atol=1e-12)
+    if method == "verlet":      # the separable fast path agrees
+        torch.testing.assert_close(ModifiedHamiltonian(grav_sep, method, h).energy(q, p) - grav.energy(q, p),
+                                   expect, rtol=1e-12, atol=1e-12)
+    CorrectedHamiltonian(grav, method, h).energy(q, p)      # and the correction runs
+
+
+def test_training_inputs_that_would_train_silently_wrong_are_refused():
+    from torchgeo_int.nn import PortHamiltonianNN, energy_drift, fit, predict, rollout_loss
+    from torchgeo_int.nn.dissipative import forced_derivative_loss, forced_rollout_loss
+    torch.manual_seed(0)
+    H = _pendulum()
+    q, p = tgi.rollout(H, torch.randn(8, 1), torch.randn(8, 1), h=0.1, steps=50)   # (51, 8, 1)
+    with pytest.raises(ValueError, match="look time-first"):
+        energy_drift(H, q, p)
+    assert float(energy_drift(H, q, p, layout="time_first")) < 0.05
+    m = PortHamiltonianNN(1, n_controls=1, damping="constant", input_map="constant")
+    with pytest.raises(ValueError, match="look time-first"):
+        forced_rollout_loss(m, q[:6], p[:6], dt=0.1)
+    qw, pw = tgi.nn.make_windows(q, p, 3, layout="time_first")
+    with pytest.raises(ValueError, match="substeps must be an int >= 1"):
+        forced_rollout_loss(m, qw, pw, dt=0.1, substeps=0)
+    with pytest.raises(ValueError, match="pass dt"):
+        forced_derivative_loss(m, qw, pw, qw, pw, control=lambda t: torch.tensor([math.sin(t)]))
+    for init in (0.0, -0.1, float("nan")):   # C = LLᵀ at L = 0 has zero gradient: never learns
+        with pytest.raises(ValueError, match="damping_init"):
+            PortHamiltonianNN(1, damping="constant", damping_init=init)
+    model = SeparableHNN(1, width=8)
+    loss = lambda m_, a, b: rollout_loss(m_, a, b, dt=0.1)     # noqa: E731
+    for clip in (0.0, -1.0, float("nan")):                      # -1 trained uphill
+        with pytest.raises(ValueError, match="grad_clip"):
+            fit(model, loss, (qw, pw), steps=1, grad_clip=clip, progress=False)
+    teacher_q, teacher_p = tgi.rollout(SeparableHNN(1, width=8), torch.randn(4, 1), torch.randn(4, 1),
+                                       h=0.1, steps=6)           # carries the teacher's graph
+    with pytest.raises(ValueError, match="requires grad"):
+        TrajectoryFit(model, teacher_q, teacher_p, dt=0.1, layout="time_first")
+    with pytest.raises(ValueError, match="TrajectoryFit sets \\['save_every'\\] itself"):
+        TrajectoryFit(model, qw, pw, dt=0.1, save_every=2)
+    with pytest.raises(ValueError, match="unknown option"):
+        TrajectoryFit(model, qw, pw, dt=0.1, foo=1)
+    with pytest.raises(ValueError, match="shape \\(B, n\\)"):
+        predict(model, torch.zeros(1), torch.zeros(1), h=0.1, steps=3)
+
+
+def test_unshuffled_batches_reach_every_sample_when_the_size_does_not_divide():
+    from torchgeo_int.nn.training import TensorBatches
+    x = torch.arange(100.0)[:, None]
+    seen = set()
+    b = TensorBatches(x, batch_size=64, shuffle=False)
+    for e in range(3):
+        for (xb,) in b.epoch(e):
+            assert xb.shape == (64, 1)
+            seen |= set(xb[:, 0].long().tolist())
+    assert seen == set(range(100))                  # the last 36 were never seen
+    even = TensorBatches(x, batch_size=50, shuffle=False)   # dividing: the same batches each epoch
+    assert all(torch.equal(a[0], c[0]) for a, c in zip(even.epoch(0), even.epoch(3)))

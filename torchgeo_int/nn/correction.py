@@ -55,22 +55,35 @@ def _method_name(method) -> str:
     return name
 
 
+def _grad(outputs, inputs, grad_outputs=None):
+    """torch.autograd.grad with the graph kept, where an output that does not require grad (a
+    constant derivative: H_q of uniform gravity, H_pp of p²/2) or an input it does not reach
+    contributes zeros: the series of a free particle is exact, not an error."""
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    if grad_outputs is None:
+        grad_outputs = tuple(torch.ones_like(o) for o in outputs)
+    pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if o.requires_grad]
+    if not pairs:
+        return tuple(torch.zeros_like(x) for x in inputs)
+    got = torch.autograd.grad([o for o, _ in pairs], inputs, grad_outputs=[g for _, g in pairs],
+                              create_graph=True, allow_unused=True)
+    return tuple(torch.zeros_like(x) if g is None else g for x, g in zip(inputs, got))
+
+
 def _derivatives(H, q, p):
     """H, ∇H = (H_q, H_p) with the graph kept (so everything built on them is differentiable)."""
     with torch.enable_grad():
         q = q if q.requires_grad else q.detach().requires_grad_()
         p = p if p.requires_grad else p.detach().requires_grad_()
         E = H(q, p)
-        Hq, Hp = torch.autograd.grad(E.sum(), (q, p), create_graph=True)
+        Hq, Hp = _grad(E.sum(), (q, p))
     return q, p, E, Hq, Hp
 
 
 def _hvp(Hq, Hp, q, p, vq, vp):
     """H''·v for v = (vq, vp): the (q, p) parts of ∇(∇H·v) with v held fixed; differentiable in v
     too (autograd treats grad_outputs as inputs of the double-backward graph)."""
-    gq, gp = torch.autograd.grad((Hq, Hp), (q, p), grad_outputs=(vq, vp), create_graph=True,
-                                 allow_unused=True)
-    return (torch.zeros_like(q) if gq is None else gq), (torch.zeros_like(p) if gp is None else gp)
+    return _grad((Hq, Hp), (q, p), (vq, vp))
 
 
 def _K(Hq, Hp, q, p):
@@ -87,10 +100,10 @@ def _verlet_separable(T, V, q, p, h):
     with torch.enable_grad():
         q = q if q.requires_grad else q.detach().requires_grad_()
         p = p if p.requires_grad else p.detach().requires_grad_()
-        dV, = torch.autograd.grad(V(q).sum(), q, create_graph=True)
-        dT, = torch.autograd.grad(T(p).sum(), p, create_graph=True)
-        VT, = torch.autograd.grad(dV, q, grad_outputs=dT, create_graph=True)
-        TV, = torch.autograd.grad(dT, p, grad_outputs=dV, create_graph=True)
+        dV, = _grad(V(q).sum(), (q,))
+        dT, = _grad(T(p).sum(), (p,))
+        VT, = _grad(dV, (q,), (dT,))
+        TV, = _grad(dT, (p,), (dV,))
     return h * h * ((VT * dT).sum(-1) / 12 - (TV * dV).sum(-1) / 24)
 
 
@@ -118,7 +131,7 @@ def series_terms(H, q: Tensor, p: Tensor, method, h: float) -> Tensor:
             return sign * (h / 2) * dot(Hp, Hq) + (h * h / 12) * _K(Hq, Hp, q, p)
         if name == "verlet":
             G = dot(Hp, Hq)
-            Gq, Gp = torch.autograd.grad(G.sum(), (q, p), create_graph=True)
+            Gq, Gp = _grad(G.sum(), (q, p))
             bracket = dot(Hq, Gp) - dot(Hp, Gq)                # {H, H_p·H_q}
             return h * h * (_K(Hq, Hp, q, p) / 48 - bracket / 16)
         # implicit midpoint: −(h²/24) H''(f, f), f = (H_p, −H_q)

@@ -27,14 +27,20 @@ from torch import nn
 from ..forced import ForcedSystem
 from ..maps import DiscretizationMap
 from ..rollout import rollout
-from .losses import check_data, map_pairs
-from .._validate import check_int, check_nonzero
+from .losses import check_data, check_layout, map_pairs
+from .._validate import check_int, check_nonzero, check_real
 from .modules import HNN, MLP, MechanicalHNN, SeparableHNN, TrilFill
 
 Tensor = torch.Tensor
 
 __all__ = ["PSDMatrix", "StateDamping", "InputMap", "PortHamiltonianNN", "forced_rollout_loss",
            "forced_residual_loss", "forced_derivative_loss"]
+
+
+def _sqrt_init(init) -> float:
+    """√init of a damping C = LLᵀ that starts at init·I: init > 0, since at L = 0 the gradient
+    of C = LLᵀ in L vanishes and the damping would never learn (and √ of a negative is complex)."""
+    return check_real(init, "damping_init", 0.0, lo_open=True) ** 0.5
 
 
 class PSDMatrix(nn.Module):
@@ -46,7 +52,7 @@ class PSDMatrix(nn.Module):
         check_int(dim, "dim", 1)
         self.dim = dim
         self.tril = TrilFill(dim)
-        self.values = nn.Parameter(self.tril.diagonal_values(float(init) ** 0.5))
+        self.values = nn.Parameter(self.tril.diagonal_values(_sqrt_init(init)))
 
     def forward(self, q):
         L = self.tril(self.values)
@@ -64,7 +70,7 @@ class StateDamping(nn.Module):
         self.tril = TrilFill(dim)
         self.net = MLP(dim, self.tril.size, width=width, depth=depth)
         nn.init.zeros_(self.net[-1].weight)
-        self.bias = nn.Parameter(self.tril.diagonal_values(float(init) ** 0.5))
+        self.bias = nn.Parameter(self.tril.diagonal_values(_sqrt_init(init)))
 
     def forward(self, q):
         L = self.tril(self.net(q) + self.bias)
@@ -151,11 +157,14 @@ def _set_control(model, control):
 
 
 def forced_rollout_loss(model, q: Tensor, p: Tensor, *, dt: float, control=None, method="verlet",
-                        substeps: int = 1, **rollout_options) -> Tensor:
+                        substeps: int = 1, layout: str | None = None, **rollout_options) -> Tensor:
     r"""½ mean |Φ^{∘j}(x₀) − x_j|² over windows ``(N, k + 1, n)``, Φ = ``substeps`` steps of
-    ``method`` on the forced model with step dt/substeps, from t = 0 at each window's start."""
+    ``method`` on the forced model with step dt/substeps, from t = 0 at each window's start.
+    ``layout``: as :func:`~torchgeo_int.nn.rollout_loss`'s (time-first data are refused)."""
     dt = check_nonzero(dt, "dt")
+    q, p = check_layout(q, p, layout, "forced_rollout_loss")
     check_data(q, p, names=("q", "p"), ndim=3, min_len=2)
+    check_int(substeps, "substeps", 1)
     k = q.shape[1] - 1
     _set_control(model, control)
     qs, ps = rollout(model, q[:, 0], p[:, 0], h=dt / substeps, steps=k * substeps,
@@ -174,10 +183,12 @@ def _stacked_control(control, times, like):
 
 
 def forced_residual_loss(model, q: Tensor, p: Tensor, *, dt: float, control=None,
-                         R: DiscretizationMap | None = None) -> Tensor:
+                         R: DiscretizationMap | None = None, layout: str | None = None) -> Tensor:
     r"""The forced eq. (20) residual r_j = tangent − h (X_{H_θ} + F_θ^v)(base) of every observed
     pair, (base, tangent) = (R_d^{T*})⁻¹(x_j, x_{j+1}), mean |r_j|²/h² (units of derivative
-    matching).  The force is evaluated at the base time t_j + αh (α of R, ½ otherwise)."""
+    matching).  The force is evaluated at the base time t_j + αh (α of R, ½ otherwise).
+    ``layout``: as :func:`~torchgeo_int.nn.residual_loss`'s."""
+    q, p = check_layout(q, p, layout, "forced_residual_loss")
     dt, R, n, base, tangent = map_pairs(q, p, dt, R)
     a = float(getattr(R, "alpha", 0.5))
     U = _stacked_control(control, [(j + a) * dt for j in range(q.shape[1] - 1)], q)
@@ -187,12 +198,17 @@ def forced_residual_loss(model, q: Tensor, p: Tensor, *, dt: float, control=None
     return (r * r).mean() / (dt * dt)
 
 
-def forced_derivative_loss(model, q: Tensor, p: Tensor, dq: Tensor, dp: Tensor, *, dt: float = 1.0,
-                           control=None) -> Tensor:
+def forced_derivative_loss(model, q: Tensor, p: Tensor, dq: Tensor, dp: Tensor, *,
+                           dt: float | None = None, control=None) -> Tensor:
     r"""Derivative matching ½ mean |(X_{H_θ} + F_θ^v)(x_j) − (dq, dp)_j|² at the observed states of
-    windows ``(N, L, n)``; a callable control is evaluated at t_j = j·dt."""
+    windows ``(N, L, n)``; a callable control is evaluated at t_j = j·dt (so it needs ``dt``)."""
     check_data(q, p, dq, dp, names=("q", "p", "dq", "dp"), ndim=3)
-    U = _stacked_control(control, [j * dt for j in range(q.shape[1])], q)
+    if callable(control):
+        if dt is None:
+            raise ValueError("a callable control u(t) is evaluated at the states' times t_j = j·dt: "
+                             "pass dt")
+        dt = check_nonzero(dt, "dt")
+    U = _stacked_control(control, [j * dt if callable(control) else 0.0 for j in range(q.shape[1])], q)
     _set_control(model, U)
     fq, fp = model.vector_field(q, p, 0.0)
     eq, ep = fq - dq, fp - dp

@@ -43,6 +43,10 @@ def check_data(*tensors: Tensor, names: tuple[str, ...], ndim: int | None = None
         if ndim is not None and x.dim() != ndim:
             layout = "(N, L, n): N samples, L states in time, n coordinates" if ndim == 3 else f"{ndim} dims"
             raise ValueError(f"{name} must have shape {layout}, got shape {tuple(x.shape)}")
+        if x.requires_grad:
+            raise ValueError(f"{name} requires grad (it carries the graph of whatever produced it, "
+                             f"a teacher model's rollout?): training would backpropagate into it "
+                             f"and fail at the second step; pass {name}.detach()")
         if min_len is not None and x.shape[1] < min_len:
             raise ValueError(f"{name} needs at least {min_len} states along dim 1 (time), "
                              f"got shape {tuple(x.shape)}")

@@ -46,6 +46,10 @@ def predict(model, q0: Tensor, p0: Tensor, *, h: float, steps: int, method="verl
             save_every: int = 1) -> tuple[Tensor, Tensor]:
     """``rollout`` under ``torch.no_grad()``, returned samples first: ``(B, steps//save_every + 1, n)``
     for ``q0, p0`` of shape ``(B, n)``."""
+    if not (isinstance(q0, Tensor) and q0.dim() == 2):
+        raise ValueError(f"predict takes a batch of initial states q0, p0 of shape (B, n), got "
+                         f"{tuple(q0.shape) if isinstance(q0, Tensor) else type(q0).__name__}; "
+                         "for one state pass q0[None], p0[None]")
     with torch.no_grad():
         q, p = rollout(as_system(model), q0, p0, h=h, steps=steps, method=method,
                        save_every=save_every)
@@ -82,9 +86,12 @@ def energy_mse(H, q_pred: Tensor, p_pred: Tensor, q_true: Tensor, p_true: Tensor
         return ((E(q_pred, p_pred) - E(q_true, p_true)) ** 2).mean()
 
 
-def energy_drift(H, q: Tensor, p: Tensor, *, reduction: str = "mean") -> Tensor:
+def energy_drift(H, q: Tensor, p: Tensor, *, reduction: str = "mean", layout: str | None = None) -> Tensor:
     """max over t of |H(x_t) − H(x₀)| / |H(x₀)| for each trajectory ``(B, T, n)``, reduced over
-    the trajectories (``"mean"``, ``"max"`` or ``"none"``).  H(x₀) must be nonzero."""
+    the trajectories (``"mean"``, ``"max"`` or ``"none"``).  H(x₀) must be nonzero.  ``layout``:
+    as the losses' (:func:`~torchgeo_int.nn.losses.check_layout`; a rollout's (T, B, n) output is
+    refused unless ``layout="time_first"``)."""
+    q, p = check_layout(q, p, layout, "energy_drift")
     check_data(q, p, names=("q", "p"), ndim=3)
     E = _energy_fn(H)
     with torch.no_grad():

@@ -115,6 +115,8 @@ class LazyAdam(torch.optim.Optimizer):
         view = (lambda x: x.unsqueeze(-1)) if flat else (lambda x: x)
         P, G = view(p), view(grad)
         m, v = view(state["exp_avg"]), view(state["exp_avg_sq"])
+        if state["step"].device != p.device:    # a checkpoint loaded with map_location="cpu"
+            state["step"] = state["step"].to(p.device)
         step = state["step"]
         g = G[mask]
         if wd:

@@ -53,6 +53,7 @@ import torch
 from torch import nn
 
 from .._validate import check_finite, check_int, check_real
+from ..gradients import grad_mode
 from ..rollout import as_system, rollout
 from .losses import check_data, check_layout
 from .optim import LazyAdam
@@ -109,6 +110,15 @@ class TrajectoryFit(nn.Module):
         self.substeps = check_int(substeps, "substeps", 1)
         self.continuity = _positive(continuity, "continuity", allow_zero=True)
         self.method = method
+        # checked now, not at the first forward: what the fit sets itself, then the grad mode's
+        own = sorted(set(rollout_options) & {"h", "steps", "method", "save_every", "t0", "step_control"})
+        if own:
+            raise ValueError(f"TrajectoryFit sets {own} itself (dt / substeps, the grid, from t = 0); "
+                             "its rollout_options are check_every, compile, progress, grad and the "
+                             "grad mode's options")
+        grad_mode(rollout_options.get("grad", "backprop"),
+                  **{k: v for k, v in rollout_options.items()
+                     if k not in ("grad", "check_every", "compile", "progress")})
         self.rollout_options = rollout_options
         B, T, n = q.shape
         intervals = T - 1
