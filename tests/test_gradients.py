@@ -296,6 +296,24 @@ def test_odeint_grad_closure_needs_params():
         assert_close(g, gb, 1e-12)
 
 
+def test_lean_modes_refuse_a_closure_tensor_that_enters_after_the_first_step():
+    # the probe step at t[0] does not see w (it switches on at t > 0.5): the backward passes
+    # check every recomputed segment / step, else w silently got no gradient
+    w = torch.tensor(2.0, requires_grad=True)
+    f = lambda t, y: (y[1], -y[0] * (w if t > 0.5 else 1.0))     # noqa: E731
+    q0, p0 = torch.tensor([0.3], requires_grad=True), torch.tensor([0.0])
+    t = torch.tensor([0.0, 1.0])
+    for grad in ("checkpoint", "reversible"):
+        out = tgi.odeint(f, (q0, p0), t, method="verlet", options=dict(step_size=0.1, separable=True, grad=grad))
+        with pytest.raises(ValueError, match=r"options\['params'\]"):
+            out[0][-1].sum().backward()
+        out = tgi.odeint(f, (q0, p0), t, method="verlet",
+                         options=dict(step_size=0.1, separable=True, grad=grad, params=[w]))
+        ref = tgi.odeint(f, (q0, p0), t, method="verlet", options=dict(step_size=0.1, separable=True))
+        assert_close(torch.autograd.grad(out[0][-1].sum(), (q0, w)),
+                     torch.autograd.grad(ref[0][-1].sum(), (q0, w)), 1e-12)
+
+
 def test_odeint_grad_bad_values_and_combinations():
     f = SeparableField()
     y0, t = torch.ones(1, 4), torch.tensor([0.0, 0.5])

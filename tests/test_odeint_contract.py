@@ -197,6 +197,43 @@ def test_callback_step_called_before_every_step(method):
     assert ys.shape == (2, 2)
 
 
+def test_callback_step_like_torchdiffeq_backwards_in_time_and_in_an_event_search():
+    import torchdiffeq
+    calls = {}
+
+    def make(key):
+        class F(torch.nn.Module):
+            def forward(self, t, y):
+                return torch.stack([y[1], -y[0]])
+
+            def callback_step(self, t0, y0, dt):
+                calls.setdefault(key, []).append((float(t0), float(dt)))
+        return F()
+    y0 = torch.tensor([1.0, 0.0], dtype=DT)
+    t = torch.tensor([0.5, 0.0], dtype=DT)
+    torchdiffeq.odeint(make("tdq"), y0, t, method="rk4", options=dict(step_size=0.25))
+    tgi.odeint(make("ours"), y0, t, method="implicit_midpoint", options=dict(step_size=0.25))
+    flat = lambda key: [x for c in calls[key] for x in c]       # noqa: E731
+    assert flat("ours") == pytest.approx(flat("tdq")) and calls["tdq"][0][1] > 0   # dt > 0
+    # an event search calls back its steps, not the bisection's trial steps
+    ev = lambda t, y: y[0]                       # noqa: E731  cos t crosses 0 at π/2
+    tgi.odeint(make("event"), y0, torch.tensor([0.0, 5.0], dtype=DT), method="implicit_midpoint",
+               options=dict(step_size=0.5), event_fn=ev)
+    assert [c[1] for c in calls["event"]] == pytest.approx([0.5] * 4)
+
+
+def test_func_outputs_torchdiffeq_takes_are_taken():
+    t = torch.linspace(0, 1, 3, dtype=DT)
+    # a 0-d derivative of a (1,) state; a tuple part of y0's size in another shape
+    a = tgi.odeint(lambda t, y: torch.cos(t), torch.zeros(1, dtype=DT), t)
+    assert torch.allclose(a[:, 0], torch.sin(t), atol=1e-6)
+    y0 = (torch.tensor(1.0, dtype=DT), torch.tensor([0.0], dtype=DT))
+    q, p = tgi.odeint(lambda t, y: (y[1], -y[0]), y0, t)
+    assert torch.allclose(q, torch.cos(t), atol=1e-6)
+    with pytest.raises(ValueError, match="larger shape"):      # (2,) → (2, 2) would be garbage
+        tgi.odeint(lambda t, y: y[:, None] * y, torch.ones(2, dtype=DT), t)
+
+
 @pytest.mark.parametrize("name", ["callback_accept_step", "callback_reject_step"])
 def test_accept_reject_callbacks_warn_like_torchdiffeq(name):
     class F(torch.nn.Module):

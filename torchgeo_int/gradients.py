@@ -301,17 +301,21 @@ class SegmentFunction(torch.autograd.Function):
         with torch.no_grad():
             traj = run(*tensors[:n_states])
         ctx.run, ctx.n_states = run, n_states
-        ctx.save_for_backward(*tensors)
+        ctx.save_for_backward(*tensors[:n_states])
+        # the parameters are kept as they are, not saved: under saved-tensor hooks (e.g.
+        # torch.autograd.graph.save_on_cpu) a saved leaf comes back as another tensor, and the
+        # recomputed graph, which reaches the parameters themselves, would give it no gradient
+        ctx.params = tensors[n_states:]
         return traj
 
     @staticmethod
     def backward(ctx, *grads):
-        tensors = ctx.saved_tensors
         n = ctx.n_states
         with torch.enable_grad():
-            states = [x.detach().requires_grad_() for x in tensors[:n]]
+            states = [x.detach().requires_grad_() for x in ctx.saved_tensors]
             traj = ctx.run(*states)
-            inputs = [*states, *tensors[n:]]
+            inputs = [*states, *ctx.params]
+            check_tracked(traj, inputs)
             out = torch.autograd.grad(traj, inputs, grads, allow_unused=True)
         return (None, None, *out)
 
@@ -326,13 +330,24 @@ def resolve_params(step, system, states, t0, h, params=None):
     with torch.enable_grad():
         xs = [x.detach().requires_grad_() for x in states]
         out = step(system, xs[0], xs[1] if len(xs) > 1 else None, t0, h, None)
-    missing = _untracked_leaves([o for o in out[:2] if o is not None], [*xs, *params])
+    check_tracked(out[:2], [*xs, *params])
+    return params
+
+
+def check_tracked(outputs, known):
+    """Raise where ``outputs`` depend on a tensor that requires grad and is not in ``known``:
+    the lean modes differentiate only the state and the parameters they were given, so such a
+    tensor would get no gradient.  :func:`resolve_params` checks one probe step before the run;
+    the backward passes check every recomputed segment and step again, since a tensor may enter
+    only later (a force switched on at some t, a branch on the state)."""
+    if isinstance(outputs, torch.Tensor):
+        outputs = (outputs,)
+    missing = _untracked_leaves([o for o in outputs if o is not None], known)
     if missing:
         raise ValueError(f"the step depends on {len(missing)} tensor(s) that require grad but are "
                          "not parameters of the system module; pass them as params=[...] "
                          "(odeint: options['params'], like torchdiffeq's adjoint_params) or "
                          "register them in an nn.Module so that they get their gradient")
-    return params
 
 
 def _untracked_leaves(outputs, known):
@@ -399,7 +414,9 @@ def reverse_sweep(n, x, gframes, params, save_every, inverse, forward):
             x = inverse(k, x)
         with torch.enable_grad():
             xi = [y.detach().requires_grad_() for y in x]
-            grads = torch.autograd.grad(forward(k, xi), (*xi, *params), g, allow_unused=True)
+            out = forward(k, xi)
+            check_tracked(out, [*xi, *params])
+            grads = torch.autograd.grad(out, (*xi, *params), g, allow_unused=True)
         g = [gi if gi is not None else torch.zeros_like(y) for gi, y in zip(grads[:m], x)]
         for i, gw in enumerate(grads[m:]):
             if gw is not None:

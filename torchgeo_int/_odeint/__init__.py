@@ -114,7 +114,8 @@ stored in all modes.  The lean modes differentiate y0 and the parameters of ``fu
 ``options["hamiltonian"]``) when it is an ``nn.Module`` or a method of one; any other tensor
 that requires grad and that func uses (a closure) must be listed in ``options["params"]``
 (which then replaces the module's parameters, like torchdiffeq's ``adjoint_params``), else
-odeint raises ValueError rather than silently give it no gradient.  Each run of equal steps
+odeint raises ValueError rather than silently give it no gradient (before the run when the first
+step uses it, else in the backward pass, which checks every recomputed step).  Each run of equal steps
 starts a fresh FSAL/warm-start cache under a lean mode, so for time-dependent or implicit
 fields the result may differ from backprop's in the last bits.  torchdiffeq's methods take no
 ``grad`` option (use ``odeint_adjoint`` for their memory-lean, continuous-adjoint gradients).
@@ -367,9 +368,11 @@ def _event(integrator, system, states, y0, t, times, step_size, event_fn, atol, 
         caller.time_map = TimeMap(run["t"][0].to(caller.dtype), times[0])
     try:
         h = step_size if times[1] > times[0] else -step_size
+        bound = integrator.bind(system)
         event_t, y_event = integrate_until_event(
-            hooked_step(integrator.bind(system), run), system, states, times[0], h, event_fn,
-            to_user=run["to_user"], tol=min(tol_values(atol, "atol")), interp=interp, field=field)
+            hooked_step(bound, run), system, states, times[0], h, event_fn,
+            to_user=run["to_user"], tol=min(tol_values(atol, "atol")), interp=interp, field=field,
+            trial_step=hooked_step(bound, dict(run, callback=None)))   # no callback_step for trials
     finally:
         caller.time_map = None
     if isinstance(y0, tuple):

@@ -18,7 +18,8 @@ What torchdiffeq's fixed-grid solvers promise and a name ``odeint`` takes over m
   torchdiffeq's steps do (the warm start of an implicit step is then that value, not the last
   step's stage).
 * **step callbacks**: ``func.callback_step(t0, y0, dt)`` before every step, as torchdiffeq's
-  fixed-grid solvers call it (y0 in the layout of the user's y0); a fixed-step method has no
+  fixed-grid solvers call it (y0 in the layout of the user's y0, dt > 0 for a decreasing t as
+  well, the event search's trial steps not called back); a fixed-step method has no
   accepted or rejected steps, so ``callback_accept_step``/``callback_reject_step`` get
   torchdiffeq's warning (:func:`step_callback`).
 * **event_fn** (:func:`integrate_until_event`): torchdiffeq's fixed-grid contract — steps of
@@ -32,6 +33,7 @@ What torchdiffeq's fixed-grid solvers promise and a name ``odeint`` takes over m
 """
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -115,7 +117,8 @@ class StepHooks(Stepper):
             like = q
             tm = getattr(self.caller, "time_map", None)
             t_user = tm.time(t) if tm is not None else torch.full((), t, dtype=like.dtype, device=like.device)
-            dt = torch.full((), h, dtype=like.dtype, device=like.device)
+            # |h|: torchdiffeq integrates a decreasing t in negated time and passes a positive dt
+            dt = torch.full((), abs(h), dtype=like.dtype, device=like.device)
             if tm is not None and tm.c is not None:
                 dt = tm.c * dt
             self.callback(t_user, self.to_user(q, p), dt)
@@ -127,7 +130,7 @@ class StepHooks(Stepper):
 
 
 def integrate_until_event(step, system, states, t0, h, event_fn, *, to_user, tol, interp,
-                          field=None, max_steps=MAX_EVENT_STEPS):
+                          field=None, max_steps=MAX_EVENT_STEPS, trial_step=None):
     """Steps of size h from (t0, states) until ``event_fn`` changes sign; returns
     ``(event_t, y_event)`` with y_event in the user's layout (``to_user(q, p)``).
 
@@ -135,7 +138,10 @@ def integrate_until_event(step, system, states, t0, h, event_fn, *, to_user, tol
     vector field as a tuple like the states (for ``interp="cubic"``).  The root is located in
     s ∈ [0, |h|] from the last step's start, with torchdiffeq's ``find_event`` (bisection to
     ``tol``); times are t_k + sign(h)·s.  No gradient flows to event_t (as in torchdiffeq's
-    fixed-grid solvers); y_event carries the gradients of the states."""
+    fixed-grid solvers); y_event carries the gradients of the states.  ``trial_step`` (default
+    ``step``) takes the partial steps of the root search (``interp="step"``): they are not steps
+    of the solution, so odeint passes it without the ``callback_step`` hook."""
+    trial_step = step if trial_step is None else trial_step
     if interp not in INTERPS:
         raise ValueError(f"options['interp'] must be one of {INTERPS}, got {interp!r}")
     q, p = states
@@ -174,7 +180,7 @@ def integrate_until_event(step, system, states, t0, h, event_fn, *, to_user, tol
                 return to_user(qa, pa)
             if u == 1.0:
                 return to_user(qb, pb)
-            qs, ps, _ = step(system, qa, pa, tk, sign * float(s), ca)
+            qs, ps, _ = trial_step(system, qa, pa, tk, sign * float(s), ca)
             return to_user(qs, ps)
         if interp == "linear":
             mix = [a + u * (b - a) if a is not None else None for a, b in ((qa, qb), (pa, pb))]
@@ -188,6 +194,13 @@ def integrate_until_event(step, system, states, t0, h, event_fn, *, to_user, tol
     ev = lambda s, y: g(tt(tk) + sign * s, y)  # noqa: E731
     s_event, y_event = find_event(inside, sign0, tt(0.0), tt(H), ev, float(tol))
     return tt(tk) + sign * s_event.detach(), y_event
+
+
+def _broadcasts_to(shape, target) -> bool:
+    try:
+        return tuple(torch.broadcast_shapes(tuple(shape), tuple(target))) == tuple(target)
+    except RuntimeError:
+        return False
 
 
 class FirstCallCheck:
@@ -224,9 +237,15 @@ class FirstCallCheck:
             what = "func" if not self.is_tuple else f"func's output {i}"
             if not isinstance(o, torch.Tensor):
                 raise TypeError(f"{what} must return tensors like y0, got {type(o).__name__}")
-            if o.shape != s:
+            # what torchdiffeq takes correctly: a tensor that broadcasts to y0's shape without
+            # enlarging it (a 0-d derivative of a (1,) state), a tuple part of y0's size (it is
+            # flattened); refused: one that would broadcast the state to a larger shape
+            ok = (o.numel() == math.prod(s) if self.is_tuple
+                  else _broadcasts_to(o.shape, s))
+            if not ok:
                 raise ValueError(f"{what} returned shape {tuple(o.shape)}, expected {tuple(s)} "
-                                 "(the shape of y0); torchdiffeq would broadcast it silently")
+                                 "(the shape of y0): torchdiffeq would silently broadcast the "
+                                 "state to a larger shape (or fail)")
             if not bool(torch.isfinite(o).all()):
                 raise ValueError(f"{what} returned NaN or inf at the initial (t, y0): the solve "
                                  "cannot start")
