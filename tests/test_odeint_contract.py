@@ -230,6 +230,9 @@ def test_func_outputs_torchdiffeq_takes_are_taken():
     y0 = (torch.tensor(1.0, dtype=DT), torch.tensor([0.0], dtype=DT))
     q, p = tgi.odeint(lambda t, y: (y[1], -y[0]), y0, t)
     assert torch.allclose(q, torch.cos(t), atol=1e-6)
+    with pytest.raises(ValueError, match="without event_fn"):
+        tgi.odeint(lambda t, y: -y, torch.ones(1, dtype=DT), t, method="verlet",
+                   options=dict(step_size=0.1, interp="cubic"))
     with pytest.raises(ValueError, match="larger shape"):      # (2,) → (2, 2) would be garbage
         tgi.odeint(lambda t, y: y[:, None] * y, torch.ones(2, dtype=DT), t)
 

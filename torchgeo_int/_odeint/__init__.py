@@ -267,6 +267,9 @@ def geometric_odeint(func, y0, t, *, rtol, atol, method, options, event_fn):
     interp = options.get("interp", "step")
     if interp not in INTERPS:
         raise ValueError(f"options['interp'] must be one of {INTERPS}, got {interp!r}")
+    if "interp" in options and event_fn is None:
+        raise ValueError("options['interp'] is how an event_fn's root is located inside a step; "
+                         "without event_fn the outputs are the steps' own states at every t")
     name = method_name(method)
     callback = step_callback(func, name)
     t_grad = t.requires_grad and torch.is_grad_enabled()
