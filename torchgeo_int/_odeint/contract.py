@@ -237,15 +237,15 @@ class FirstCallCheck:
             what = "func" if not self.is_tuple else f"func's output {i}"
             if not isinstance(o, torch.Tensor):
                 raise TypeError(f"{what} must return tensors like y0, got {type(o).__name__}")
-            # what torchdiffeq takes correctly: a tensor that broadcasts to y0's shape without
-            # enlarging it (a 0-d derivative of a (1,) state), a tuple part of y0's size (it is
-            # flattened); refused: one that would broadcast the state to a larger shape
-            ok = (o.numel() == math.prod(s) if self.is_tuple
-                  else _broadcasts_to(o.shape, s))
+            # what torchdiffeq takes correctly: a tensor that differs from y0's shape by
+            # singleton dims only (a 0-d derivative of a (1,) state), a tuple part of y0's size
+            # (it is flattened); refused: one that broadcasts to another size (a (1,) derivative
+            # of a (2,) state: euler would broadcast it, dopri5 fail) or would enlarge the state
+            ok = o.numel() == math.prod(s) and (self.is_tuple or _broadcasts_to(o.shape, s))
             if not ok:
                 raise ValueError(f"{what} returned shape {tuple(o.shape)}, expected {tuple(s)} "
-                                 "(the shape of y0): torchdiffeq would silently broadcast the "
-                                 "state to a larger shape (or fail)")
+                                 "(the shape of y0): torchdiffeq would broadcast it silently or "
+                                 "fail (a larger shape, or another size)")
             if not bool(torch.isfinite(o).all()):
                 raise ValueError(f"{what} returned NaN or inf at the initial (t, y0): the solve "
                                  "cannot start")
