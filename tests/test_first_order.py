@@ -355,8 +355,10 @@ def test_bad_input_raises():
     # rollout: a first-order method needs p0=None and vice versa.
     with pytest.raises(ValueError, match="first-order"):
         tgi.rollout(tgi.ODESystem(forced_pendulum), x0, x0, h=0.1, steps=2, method=m)
-    with pytest.raises(ValueError, match="unknown first-order method"):
+    with pytest.raises(ValueError, match="'verlet' is a Hamiltonian method"):   # by name as well
         tgi.rollout(tgi.ODESystem(forced_pendulum), x0, h=0.1, steps=2, method="verlet")
+    with pytest.raises(ValueError, match="unknown first-order method"):
+        tgi.rollout(tgi.ODESystem(forced_pendulum), x0, h=0.1, steps=2, method="no_such_method")
     with pytest.raises(ValueError, match="Hamiltonian method"):
         tgi.rollout(tgi.ODESystem(forced_pendulum), x0, h=0.1, steps=2, method=tgi.METHODS["verlet"])
     # by name, p0=None selects the first-order midpoint rule

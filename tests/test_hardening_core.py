@@ -1,5 +1,6 @@
 """Hostile input to rollout and odeint (issues 21 and 22): each bad input gets a clear error
 before garbage, a hang or a cryptic message."""
+import math
 import warnings
 
 import pytest
@@ -274,3 +275,82 @@ def test_a_model_on_another_device_or_dtype_than_the_data_is_named_before_a_step
     # matching placement runs; closed-form systems (no parameters) are not looked at
     qs, _ = tgi.rollout(single.double(), q, p, h=0.1, steps=3)
     assert qs.shape == (4, 4, 1) and torch.isfinite(qs).all()
+
+
+# -- review fixes (2026-12-05) ----------------------------------------------------------------------
+def test_a_defaulted_extra_argument_is_a_constant_not_the_time():
+    def H(q, p, omega=2.0):            # omega was taken as t: the oscillator ran at ω = t
+        return 0.5 * (p * p).sum(-1) + 0.5 * omega ** 2 * (q * q).sum(-1)
+    S = tgi.Hamiltonian(H)
+    assert not S.time_dependent
+    assert tgi.Hamiltonian(lambda q, p, t=0.0: (p * p).sum(-1) + t).time_dependent   # named t
+    assert tgi.Hamiltonian(lambda q, p, t: (p * p).sum(-1) + t).time_dependent
+    q, _ = tgi.rollout(S, torch.ones(1, 1), torch.zeros(1, 1), h=1e-3, steps=1000, method="yoshida4")
+    assert abs(float(q[-1]) - math.cos(2.0)) < 1e-9
+
+
+def test_energies_with_keepdim_are_refused():
+    # (B, 1) energies give the same forces but T + V broadcasts to (B, B)
+    H = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: q.norm(dim=-1, keepdim=True))
+    with pytest.raises(ValueError, match="without keepdim"):
+        tgi.rollout(H, torch.ones(4, 2), torch.ones(4, 2), h=0.1, steps=2)
+
+
+def test_unrolled_newton_keeps_no_graph_where_nothing_requires_grad():
+    m = tgi.METHODS["implicit_midpoint"].with_options(solver="newton", backward="unroll")
+    H = tgi.Hamiltonian(lambda q, p: 0.5 * (p * p).sum(-1) + (1 - q.cos()).sum(-1))
+    q, _ = tgi.rollout(H, torch.ones(2, 1), torch.zeros(2, 1), h=0.1, steps=8, method=m)
+    assert not q.requires_grad          # its start was made a leaf: every rollout built a graph
+    c = torch.tensor([0.3, 0.2])
+    assert not newton(lambda z: z - 0.5 * torch.cos(z) - c, torch.zeros(2), backward="unroll").requires_grad
+    grads = []
+    for grad in ("backprop", "checkpoint", "reversible"):    # the lean modes took the start for a closure
+        q0 = torch.ones(2, 1, requires_grad=True)
+        q, _ = tgi.rollout(H, q0, torch.zeros(2, 1), h=0.1, steps=8, method=m, grad=grad)
+        q.sum().backward()
+        grads.append(q0.grad)
+    assert torch.allclose(grads[1], grads[0], atol=1e-12) and torch.allclose(grads[2], grads[0], atol=1e-10)
+
+
+def test_a_tensor_mass_follows_the_states_dtype():
+    H = tgi.SeparableHamiltonian(None, lambda q: (q * q).sum(-1), mass=torch.tensor([2.0, 3.0], dtype=torch.float64))
+    x = torch.ones(4, 2, dtype=torch.float32)
+    for method in ("verlet", "implicit_midpoint"):
+        q, p = tgi.rollout(H, x, x, h=0.1, steps=3, method=method)
+        assert q.dtype == p.dtype == torch.float32
+
+
+def test_rollout_scalars_flags_and_systems_are_checked():
+    H = tgi.Hamiltonian(lambda q, p: 0.5 * (p * p).sum(-1) + 0.5 * (q * q).sum(-1))
+    x = torch.ones(2, 1)
+    for bad, err in ((dict(h=True), TypeError), (dict(h="0.1"), TypeError),
+                     (dict(h=torch.tensor(0.1, requires_grad=True)), ValueError),
+                     (dict(t0=float("nan")), ValueError), (dict(compile="no"), ValueError)):
+        with pytest.raises(err):
+            tgi.rollout(H, x, x, steps=2, **{"h": 0.1, **bad})
+    q, _ = tgi.rollout(H, x, x, h=torch.tensor(0.1), steps=2, t0=torch.tensor(1.0))   # 0-d tensors
+    with pytest.raises(ValueError, match="'verlet' is a Hamiltonian method"):
+        tgi.rollout(H, x, h=0.1, steps=2)                       # p0 forgotten
+    with pytest.raises(ValueError, match="first-order system"):
+        tgi.rollout(tgi.ODESystem(lambda t, y: -y), x, x, h=0.1, steps=2)
+
+
+def test_unshuffled_distributed_batches_are_fits():
+    from torchgeo_int.distributed import ShardedSampler
+    from torchgeo_int.nn.training import TensorBatches
+    x = torch.arange(20.0)[:, None]
+    fit_batches = TensorBatches(x, batch_size=8, shuffle=False)
+    sampler = ShardedSampler(20, batch_size=8, shuffle=False, num_replicas=1, rank=0)
+    for e in range(3):
+        sampler.set_epoch(e)
+        ours = [b[0][:, 0].long().tolist() for b in fit_batches.epoch(e)]
+        assert list(sampler.local_batches()) == ours
+
+
+def test_sharded_rollout_relative_error_skips_samples_at_zero_energy():
+    from torchgeo_int.distributed import sharded_rollout
+    H = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: (1 - q.cos()).sum(-1))
+    q0 = torch.tensor([[0.0], [0.5]])            # the first at rest at the bottom: H(x₀) = 0
+    res = sharded_rollout(H, q0, torch.zeros(2, 1), h=0.1, steps=10, save_every=3, return_trajectories=True)
+    assert math.isfinite(res["energy_rel_error_max"]) and res["energy_rel_error_max"] > 0
+    assert res["q"].shape[0] == 5                 # frames 0, 3, 6, 9 and the final step

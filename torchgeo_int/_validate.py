@@ -80,6 +80,23 @@ def check_real(value, name: str, lo: float, hi: float | None = None, *,
     return float(value)
 
 
+def check_scalar(x, name: str) -> float:
+    """A real number as a float: an int or float (not a bool), or a 0-d real tensor that does
+    not require grad (its gradient would be lost in the conversion: say so rather than detach
+    it silently).  Finiteness is the caller's check."""
+    if isinstance(x, torch.Tensor):
+        if x.dim() != 0 or x.is_complex() or x.dtype == torch.bool:
+            raise TypeError(f"{name} must be a real number or a 0-d real tensor, got a tensor of "
+                            f"shape {tuple(x.shape)} and dtype {x.dtype}")
+        if x.requires_grad:
+            raise ValueError(f"{name} requires grad, but it is read as a Python number (no "
+                             f"gradient reaches it); differentiate through the states instead")
+        return float(x)
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
+    return float(x)
+
+
 def check_nonzero(x, name: str, what: str = "number") -> float:
     """A finite nonzero real (an int or float, not a bool), as a float: a step size h, a data
     spacing dt.  ``what`` names it in the message ("step size", "number")."""

@@ -240,10 +240,8 @@ class ShardedSampler(DistributedSampler):
         self.total_size = self.num_samples * W
 
     def _order(self) -> Tensor:
-        if not self.shuffle:
-            return torch.arange(self.n)
-        g = torch.Generator().manual_seed(int(self.seed) * 1_000_003 + int(self.epoch))
-        return torch.randperm(self.n, generator=g)
+        from .nn.training import epoch_order      # the order fit's TensorBatches take
+        return epoch_order(self.n, self.global_batch, self.shuffle, self.seed, self.epoch)
 
     def local_batches(self) -> Iterator[list[int]]:
         order = self._order()
@@ -336,12 +334,13 @@ def sharded_rollout(system, q0: Tensor, p0: Tensor | None = None, *, h: float, s
     Energy error e_{b,t} = |H(x_{b,t}) − H(x_{b,0})| at the saved states (``energy(q, p)``, default
     ``system.energy``; for a first-order system, ``p0=None``, pass ``energy(x)`` or none):
     ``energy_error_max`` = max_{b,t} e, ``energy_error_mean`` = mean_{b,t≥1} e, and
-    ``energy_rel_error_max`` = max e / |H(x_{b,0})|, reduced over all ranks.
+    ``energy_rel_error_max`` = max e / |H(x_{b,0})| over the samples with H(x_{b,0}) ≠ 0,
+    reduced over all ranks.
     ``chunk_steps``: roll out that many steps per call (the last state starts the next call), so
     memory is bounded for huge batches; the states are the same as one long call (up to the
     first force of each chunk, recomputed from the same state).  ``return_trajectories``
-    gathers the ``(steps//save_every + 1, B, ...)`` trajectories on rank 0 (``None`` elsewhere;
-    needs ``chunk_steps=None``).
+    gathers the ``(L, B, ...)`` trajectories on rank 0 (``None`` elsewhere; needs
+    ``chunk_steps=None``), L the frames of ``rollout``: steps 0, save_every, … and the final one.
 
     Returns on every rank ``{"energy_error_max", "energy_error_mean", "energy_rel_error_max",
     "batch", "local_batch", "steps", "seconds" (this rank's rollout), "seconds_per_rank",
@@ -408,7 +407,9 @@ def sharded_rollout(system, q0: Tensor, p0: Tensor | None = None, *, h: float, s
             e = (Hs - H0).abs()
             # the chunk's first state is the previous chunk's last: counted once
             e_new = e[1:] if e.shape[0] > 1 else e[:0]
-            rel = e / H0.abs()
+            # a sample with H(x₀) = 0 (a pendulum at rest) has no relative error: left out of
+            # the max (it made the whole batch's NaN); its absolute error is in energy_error_max
+            rel = torch.where(H0 != 0, e / H0.abs(), torch.zeros_like(e))
             e_max = e.max() if e_max is None else torch.maximum(e_max, e.max())
             rel_max = rel.max() if rel_max is None else torch.maximum(rel_max, rel.max())
             e_sum = e_new.sum() if e_sum is None else e_sum + e_new.sum()

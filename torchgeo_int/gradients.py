@@ -360,7 +360,7 @@ def _untracked_leaves(outputs, known):
             continue
         seen.add(fn)
         var = getattr(fn, "variable", None)
-        if var is not None and id(var) not in known_ids:
+        if var is not None and id(var) not in known_ids and not getattr(var, "solver_start", False):
             found.append(var)
         stack.extend(f for f, _ in fn.next_functions)
     return found

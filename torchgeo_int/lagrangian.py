@@ -137,8 +137,8 @@ class SecondOrderSystem(System):
         super().__init__()
         if not callable(force):
             raise TypeError("force must be callable as force(t, q, v) or force(t, q)")
-        takes_v = takes_time(force, 2)  # a third positional argument is the velocity
-        if not takes_v and not takes_time(force, 1):
+        takes_v = takes_time(force, 2, defaults_count=True)  # a third positional argument is v
+        if not takes_v and not takes_time(force, 1, defaults_count=True):
             raise TypeError("force must be callable as force(t, q, v) or force(t, q)")
         self.f = force
         self._takes_v = takes_v

@@ -9,11 +9,13 @@ when save_every does not divide steps); for a first-order system
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ._loop import n_saved, progress_bar
 from ._loop import run_loop  # noqa: F401  (its historical home: tests and experiments import it here)
-from ._validate import check_finite, check_int, check_pair, check_placement, check_tensor
+from ._validate import check_finite, check_int, check_pair, check_placement, check_scalar, check_tensor
 from .integrators import get_method
 from .solve import grad_mode, solve
 from .systems import Hamiltonian, System
@@ -78,7 +80,17 @@ def rollout(system, q0: torch.Tensor, p0: torch.Tensor | None = None, *, h: floa
     if stray:
         raise ValueError(f"{stray} are options of variable steps: they need step_control=σ")
     first_order = p0 is None
-    integrator = get_method(method, first_order=first_order)
+    if getattr(system, "first_order", False) and not first_order:
+        raise ValueError(f"{type(system).__name__} is a first-order system x' = f(t, x): call "
+                         "rollout(system, x0, method=<a first-order method>) without p0")
+    try:
+        integrator = get_method(method, first_order=first_order)
+    except ValueError as err:
+        if first_order and isinstance(method, str) and _is_method(method):
+            # a Hamiltonian method without p0: "unknown first-order method 'verlet'" misled
+            raise ValueError(f"p0 is None (a first-order system) but {method!r} is a Hamiltonian "
+                             "method; pass p0 or a first-order method") from None
+        raise err
     if first_order:
         check_tensor(q0, "x0")
         check_finite(q0, "x0")
@@ -97,16 +109,20 @@ def rollout(system, q0: torch.Tensor, p0: torch.Tensor | None = None, *, h: floa
     check_int(steps, "steps", 0)
     check_int(save_every, "save_every", 1)
     check_int(check_every, "check_every", 1)
-    h = float(h)
-    if h == 0.0 or h != h or abs(h) == float("inf"):
+    h = check_scalar(h, "h")
+    if h == 0.0 or not math.isfinite(h):
         raise ValueError(f"h must be a finite nonzero step size, got {h}")
-    if not isinstance(progress, bool):
-        raise ValueError(f"progress must be a bool, got {progress!r}")
+    t0 = check_scalar(t0, "t0")
+    if not math.isfinite(t0):
+        raise ValueError(f"t0 must be a finite time, got {t0}")
+    for name, flag in (("progress", progress), ("compile", compile)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be a bool, got {flag!r}")
     mode = grad_mode(grad, **grad_options)
     _check_memory(q0, p0, steps, save_every, mode.name)
     bar = progress_bar(steps, f"rollout {integrator.name}") if progress else None
     try:
-        out = solve(integrator, system, q0, p0, h=h, steps=steps, t0=float(t0),
+        out = solve(integrator, system, q0, p0, h=h, steps=steps, t0=t0,
                     save_every=save_every, check_every=check_every, grad=mode, compile=compile,
                     progress=bar)
     finally:
@@ -117,6 +133,15 @@ def rollout(system, q0: torch.Tensor, p0: torch.Tensor | None = None, *, h: floa
 
 #: adaptive_rollout's own keywords that ``rollout(..., step_control=...)`` passes through.
 ADAPTIVE_KEYWORDS = ("until", "max_steps", "rho0", "state_dims", "h_min", "form")
+
+
+def _is_method(name: str) -> bool:
+    """Whether ``name`` is a method of (q, p) (any family but the first-order one)."""
+    try:
+        get_method(name, first_order=False)
+    except ValueError:
+        return False
+    return True
 
 
 def _variable_steps(system, q0, p0, *, h, steps, method, t0, save_every, check_every, grad,

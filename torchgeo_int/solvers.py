@@ -81,12 +81,15 @@ import functools
 
 import torch
 
+from ._autograd import reaches_other_leaves
+
 __all__ = ["ConvergenceError", "SolveOptions", "default_tol", "fixed_point", "newton"]
 
 _BACKWARDS = ("implicit", "unroll")
 SOLVERS = ("fixed_point", "newton")
 _FP_HINT = "reduce the step size h, or use solver='newton'"
-_NEWTON_HINT = "reduce the step size h, or pass damping < 1 or a better initial guess"
+_NEWTON_HINT = ("reduce the step size h, or raise max_iter (the method's options); a direct "
+                "newton() call also takes damping < 1 or a better initial guess")
 _ADJOINT_HINT = ("the adjoint iteration u = g + J^T u needs fn to be a contraction at the "
                  "solution; reduce the step size h, or raise backward_max_iter")
 _MAX_HALVINGS = 5  # Newton backtracking: at most 2^-5 of the full step before accepting anyway
@@ -555,10 +558,20 @@ def newton(residual, z0, *, args=(), tol=None, max_iter=50, damping=1.0, backwar
     tol = _resolve_tol(tol, struct)
     track = backward == "unroll" and torch.is_grad_enabled()
 
-    local = args if track else _detached(args)
-
-    def res(x, a=local):
+    def res(x, a):
         return struct.flatten(struct.call(residual, struct.unflatten(x), "residual", a))
+
+    if track and not any(isinstance(t, torch.Tensor) and t.requires_grad
+                         for t in (*struct.zs, *args)):
+        # unroll only where something is differentiated: z0, args, or what the residual
+        # captures (a parameter); else the start, made a leaf for the Jacobians, would be the
+        # one thing the result "requires grad" of (a fixed system rolled out under grad mode
+        # built a graph over every step, and the lean modes counted it as a closure tensor)
+        with torch.enable_grad():
+            xl = struct.flatten(tuple(t.detach() for t in struct.zs)).requires_grad_()
+            track = reaches_other_leaves(res(xl, args), (xl,))
+    local = args if track else _detached(args)
+    res_local = functools.partial(res, a=local)
 
     def fail(reason, k, worst):
         return ConvergenceError(f"newton: {reason}", iterations=k, residual=worst, tol=tol,
@@ -573,11 +586,15 @@ def newton(residual, z0, *, args=(), tol=None, max_iter=50, damping=1.0, backwar
     for k in range(max_iter + 1):
         with torch.enable_grad():
             if track:
-                x = x if x.requires_grad else x.detach().requires_grad_()
+                if not x.requires_grad:
+                    # the start (a guess, nothing to differentiate) as a leaf for the Jacobian;
+                    # marked, so the lean modes' closure check does not take it for a closure
+                    x = x.detach().requires_grad_()
+                    x.solver_start = True
                 xl = x
             else:
                 xl = x.detach().requires_grad_()
-            r = res(xl)
+            r = res_local(xl)
         rd = r.detach()
         nr = rd.abs().amax(-1)
         rel = residual_of(struct.unflatten(rd), struct.unflatten(x.detach()), diff=False)

@@ -26,8 +26,15 @@ from ._autograd import reaches_other_leaves
 Tensor = torch.Tensor
 
 
-def takes_time(fn: Callable, n_state_args: int) -> bool:
-    """Whether ``fn`` accepts a time argument after its state arguments."""
+#: names of a defaulted parameter that is still taken as the time (``H(q, p, t=0.0)``)
+TIME_NAMES = ("t", "time", "tau")
+
+
+def takes_time(fn: Callable, n_state_args: int, *, defaults_count: bool = False) -> bool:
+    """Whether ``fn`` accepts a time argument after its state arguments: a next positional
+    parameter without a default, or one named ``t``/``time``/``tau`` (``H(q, p, omega=2.0)``
+    is a constant's default, not a time: it was taken as t, and ω became t).
+    ``defaults_count``: any next positional parameter counts (an arity test)."""
     try:
         sig = inspect.signature(fn.forward if isinstance(fn, nn.Module) else fn)
     except (TypeError, ValueError):
@@ -36,7 +43,10 @@ def takes_time(fn: Callable, n_state_args: int) -> bool:
     if any(p.kind == p.VAR_POSITIONAL for p in params):
         return True
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) > n_state_args
+    if len(positional) <= n_state_args:
+        return False
+    nxt = positional[n_state_args]
+    return defaults_count or nxt.default is nxt.empty or nxt.name in TIME_NAMES
 
 
 def _fn_name(fn) -> str:
@@ -79,13 +89,13 @@ def check_energy(out, batch_of: Tensor, label: str = "the energy function", fn=N
     # Fewer values than rows is fine: leading dims of one system's state (bodies × coordinates)
     # summed into its energy.  More means values per coordinate, which the gradient of the sum
     # turns into another system.
-    if out.numel() > batch.numel() and _is_user(fn):
+    if _is_user(fn) and tuple(out.shape) != tuple(batch[:out.dim()]):
         what = _what(label, fn)
         raise ValueError(f"{what} returned shape {tuple(out.shape)} for an input of shape "
                          f"{tuple(batch_of.shape)}: it must return one value per sample, shape "
                          f"{tuple(batch)} (or a total over leading dims), not one per coordinate: "
                          "sum over the last dim, e.g. (p * p).sum(-1) / 2, and take norms with "
-                         "dim=-1 but without keepdim")
+                         "dim=-1 but without keepdim (a (B, 1) energy broadcasts T + V to (B, B))")
     return out
 
 
@@ -347,7 +357,9 @@ def _quadratic_kinetic(mass):
                 and bool((mass > 0).all())):
             raise ValueError("mass must hold finite positive floating-point values")
         dims = tuple(range(-max(1, mass.dim()), 0))
-        return (lambda p: 0.5 * (p * p / mass).sum(dims)), (lambda p: p / mass)
+        # in the state's dtype and device (a float64 mass made float32 states float64 under
+        # backprop only, and implicit solves refuse the mixed dtype)
+        return (lambda p: 0.5 * (p * p / mass.to(p)).sum(dims)), (lambda p: p / mass.to(p))
     if isinstance(mass, bool) or not isinstance(mass, (int, float)) or not 0 < mass < float("inf"):
         raise ValueError(f"mass must be a finite positive number or tensor, got {mass!r}")
     m = float(mass)

@@ -83,13 +83,29 @@ def make_optimizer(model: nn.Module, *, name: str = "adam", lr: float = 1e-3,
     return _OPTIMIZERS[name](params, lr=lr, weight_decay=weight_decay, **options)
 
 
+def epoch_order(n: int, batch_size: int, shuffle: bool, seed: int, epoch: int) -> Tensor:
+    """The sample indices of epoch ``epoch``, batch after batch (``n // batch_size`` batches of
+    ``batch_size``): ``randperm(n)`` from a generator seeded with (seed, epoch), or unshuffled
+    the samples in order from where the last epoch stopped, wrapping around — so a batch size
+    that does not divide n still reaches every sample (n = 100, batches of 64: the last 36 were
+    never seen); where it divides n every epoch is the same.  The one definition of the order,
+    for :class:`TensorBatches` and ``distributed_loader``'s sampler (the same global batches)."""
+    if shuffle:
+        g = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(epoch))
+        return torch.randperm(n, generator=g)
+    count = n // batch_size * batch_size
+    offset = int(epoch) * count % n
+    return (torch.arange(count) + offset) % n
+
+
 class TensorBatches:
     """Minibatches of tensors that share their first (sample) dim.
 
-    Epoch e visits the samples in the order ``randperm(N, generator seeded with (seed, e))``
-    (``shuffle=False``: in order), in ``len(self)`` batches of ``batch_size`` (the ragged tail
-    is dropped so every step sees the same batch size; ``batch_size=None``: the full batch).
-    The order depends on (seed, epoch) only, so an interrupted run resumes on the same batches.
+    Epoch e visits the samples in the order of :func:`epoch_order` (``randperm(N)`` seeded with
+    (seed, e); ``shuffle=False``: in order, continuing from the last epoch), in ``len(self)``
+    batches of ``batch_size`` (the ragged tail of an epoch is dropped so every step sees the same
+    batch size; ``batch_size=None``: the full batch).  The order depends on (seed, epoch) only,
+    so an interrupted run resumes on the same batches.
     """
 
     def __init__(self, tensors, batch_size: int | None = None, *, shuffle: bool = True,
@@ -127,27 +143,14 @@ class TensorBatches:
 
     def epoch(self, e: int, start: int = 0) -> Iterable[tuple[Tensor, ...]]:
         """The batches of epoch ``e`` from batch index ``start`` on."""
-        if not self.shuffle:
-            order = None
-        else:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + e)
-            order = torch.randperm(self.n, generator=g)
         bs = self.batch_size
-        # unshuffled, an epoch starts where the last one stopped (wrapping around), so a batch
-        # size that does not divide n still reaches every sample: with n = 100 and batches of 64
-        # the last 36 were never seen.  Where it divides n every epoch is the same.
-        offset = (e * len(self) * bs) % self.n
+        order = epoch_order(self.n, bs, self.shuffle, self.seed, e)
         for i in range(start, len(self)):
-            if order is None:
-                lo = offset + i * bs
-                if lo + bs <= self.n:
-                    yield tuple(t[lo:lo + bs] for t in self.tensors)
-                else:
-                    lo %= self.n
-                    idx = torch.arange(lo, lo + bs) % self.n
-                    yield tuple(t[idx.to(t.device)] for t in self.tensors)
+            idx = order[i * bs:(i + 1) * bs]
+            lo = int(idx[0])
+            if not self.shuffle and lo + bs <= self.n:     # in order: a view, no gather
+                yield tuple(t[lo:lo + bs] for t in self.tensors)
             else:
-                idx = order[i * bs:(i + 1) * bs]
                 yield tuple(t[idx.to(t.device)] for t in self.tensors)
 
 
