@@ -209,7 +209,9 @@ class Hamiltonian(System):
 
     Pass ``fn``, or subclass and override ``hamiltonian(q, p[, t])`` (the HNN modules do).
     ``grad(q, p[, t]) -> (H_q, H_p)`` may supply the gradient in closed form.
-    Time dependence is detected from fn's signature (override with ``time_dependent``).
+    Time dependence is detected from fn's signature (:func:`takes_time`: a third positional
+    parameter without a default, or one named ``t``/``time``/``tau``; override with
+    ``time_dependent``).
     """
 
     def __init__(self, fn: Callable | None = None, *, grad: Callable | None = None,
