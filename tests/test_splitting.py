@@ -552,3 +552,45 @@ def test_near_integrable_saba_error_is_epsilon_h_2n():
     assert abs(slopes["verlet"] - 2) < 0.4 and abs(slopes["saba2"] - 4) < 0.5, slopes
     with pytest.raises(TypeError, match="JacobiNBody"):
         tgi.rollout(henon_heiles(), Q0, P0, h=0.1, steps=1, method=WH.NearIntegrable("saba2"))
+
+
+# -- review fixes (2026-12-05) ----------------------------------------------------------------------
+def test_composition_tables_are_certified_and_false_orders_refused():
+    # Σγ³ = 0 is all an order-4 table needs; 6 and 8 need more: certified exactly
+    for table in tgi.TABLES.values():
+        assert S.Splitting.composition(table.gammas).generic_order >= table.order, table.name
+    with pytest.raises(ValueError, match="up to order 4 only"):
+        tgi.CoefficientTable("fake8", 8, tgi.TABLES["suzuki4"].gammas, "claims 8")
+    assert tgi.CoefficientTable("mine6", 6, tgi.TABLES["yoshida6"].gammas, "").order == 6
+    with pytest.raises(ValueError, match="finite"):
+        tgi.Composition(tgi.METHODS["verlet"], [float("nan"), 0.5, 0.5])
+
+
+def test_order_ten_compositions_of_a_symmetric_base_read_ten():
+    # the float64 measurement reads 9.x: a symmetric method's odd reading is rounded up
+    g = S.SPLITTING_METHODS["sofspa10"].drifts
+    assert S.SymplecticDIRK(g).order == 10 and S.SymplecticDIRK(g, order=10).order == 10
+    assert S.compose(tgi.METHODS["implicit_midpoint"], g).order == 10
+
+
+def test_compositions_over_a_splitting_are_symmetric():
+    v = S.Splitting((0.5, 0.5), (1.0,))
+    c = tgi.Composition(v, tgi.TABLES["yoshida4"].gammas)      # the map of METHODS["yoshida4"]
+    assert c.symmetric and c.order == 4
+    assert S.compose(S.SPLITTING_METHODS["blanes_moan4"], tgi.TABLES["yoshida4"].gammas).symmetric
+    H = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: (1 - q.cos()).sum(-1))
+    q0 = torch.tensor([[0.5]], requires_grad=True)
+    q, _ = tgi.rollout(H, q0, torch.zeros(1, 1), h=0.1, steps=10, method=c, grad="reversible")
+    (g,) = torch.autograd.grad(q[-1].sum(), q0)               # was refused: "not symmetric"
+    q, _ = tgi.rollout(H, q0, torch.zeros(1, 1), h=0.1, steps=10, method=c)
+    assert torch.allclose(g, torch.autograd.grad(q[-1].sum(), q0)[0], atol=1e-12)
+
+
+def test_splitting_inputs_and_dirk_options():
+    with pytest.raises(ValueError, match="one longer"):
+        S.Splitting.drift_first((1.0,), (0.25, 0.5, 0.25))
+    for bad in (2.9, -3, True):
+        with pytest.raises(ValueError, match="order"):
+            S.Splitting((0.5, 0.5), (1.0,), order=bad)
+    d = S.SymplecticDIRK(tgi.TABLES["yoshida4"].gammas).with_options(tol=1e-12)   # a TypeError
+    assert d.order == 4 and all(m.tol == 1e-12 for m, _ in d.stages())
