@@ -594,3 +594,26 @@ def test_splitting_inputs_and_dirk_options():
             S.Splitting((0.5, 0.5), (1.0,), order=bad)
     d = S.SymplecticDIRK(tgi.TABLES["yoshida4"].gammas).with_options(tol=1e-12)   # a TypeError
     assert d.order == 4 and all(m.tol == 1e-12 for m, _ in d.stages())
+
+
+def test_jacobi_n_body_takes_more_kepler_iterations_for_eccentric_orbits():
+    # a two-body system at e = 0.99 from pericentre over a hundredth of a period: 8 Newton steps
+    # do not solve Kepler's equation (a ValueError), 20 do, to the exact flow of that orbit
+    F64 = dict(dtype=torch.float64)
+    e = 0.99
+    q = torch.tensor([[0.0, 0.0, 0.0], [1.0 - e, 0.0, 0.0]], **F64)
+    p = torch.tensor([[0.0, -(1 + e) ** 0.5 / (1 - e) ** 0.5 * 1e-3, 0.0],
+                      [0.0, (1 + e) ** 0.5 / (1 - e) ** 0.5 * 1e-3, 0.0]], **F64)
+    for iterations, ok in ((8, False), (20, True)):
+        system = WH.JacobiNBody(torch.tensor([1.0, 1e-3], **F64), 1.0, kepler_iterations=iterations)
+        qj, pj = system.to_jacobi(q, p)
+        if ok:
+            x1, _ = system.kepler_drift(qj, pj, 0.01 * 2 * math.pi)
+            ref, _ = WH.kepler_flow(qj[1:], (pj / system.mprime[:, None])[1:], system.mu,
+                                    torch.tensor(0.01 * 2 * math.pi, **F64), iterations=40)
+            assert torch.allclose(x1[1:], ref, atol=1e-12)
+        else:
+            with pytest.raises(ValueError, match="kepler_iterations"):
+                system.kepler_drift(qj, pj, 0.01 * 2 * math.pi)
+    with pytest.raises(ValueError, match="kepler_iterations"):
+        WH.JacobiNBody(torch.tensor([1.0, 1e-3], **F64), 1.0, kepler_iterations=0)

@@ -21,6 +21,7 @@ import math
 
 import torch
 
+from .._validate import check_int
 from ..systems import System
 from .base import Integrator
 from .splitting import Splitting, SPLITTING_METHODS
@@ -57,7 +58,8 @@ def kepler_flow(x, v, mu, dt, iterations=8, check=True):
     Orbital Mechanics, Sect. 3.7).  From the guess χ = √μ α dt Newton reaches round-off in ≤ 5
     steps for the outer planets up to dt = 1500 days (a third of Jupiter's period); ``check``
     (one host sync) raises if the last step still moved χ by more than 1e-12 relative.
-    Unbound orbits (α ≤ 0) are refused."""
+    Unbound orbits (α ≤ 0) are refused; with ``check=False`` they are not, and the result is
+    wrong (the elliptic guess and branch are used)."""
     if check and not bool((2.0 / x.norm(dim=-1) - (v * v).sum(-1) / mu > 0).all()):
         raise ValueError("kepler_flow: an orbit is not bound (v² ≥ 2μ/r); only elliptic orbits "
                          "are supported")
@@ -78,7 +80,8 @@ def kepler_flow(x, v, mu, dt, iterations=8, check=True):
         chi = chi - step
     if check and not bool((step.abs() <= 1e-12 * chi.abs() + 1e-300).all()):
         raise ValueError(f"kepler_flow: Kepler's equation not solved in {iterations} Newton steps "
-                         "(dt too long for the orbit?)")
+                         "(dt long for the orbit, or a near-parabolic one: raise the iterations, "
+                         "JacobiNBody(..., kepler_iterations=30))")
     z = alpha * chi * chi
     c2, c3 = stumpff(z)
     chi2 = chi * chi
@@ -98,8 +101,11 @@ class JacobiNBody(System):
 
     separable = False
 
-    def __init__(self, masses, G, potential_grad=None):
+    def __init__(self, masses, G, potential_grad=None, *, kepler_iterations: int = 8):
         super().__init__()
+        # Newton steps of each Kepler drift (kepler_flow): 8 solve the outer planets' steps; a
+        # near-parabolic or very eccentric orbit over a long step needs 20–30
+        self.kepler_iterations = check_int(kepler_iterations, "kepler_iterations", 1)
         m = torch.as_tensor(masses, dtype=torch.float64)
         if m.dim() != 1 or len(m) < 2 or not bool((m > 0).all()):
             raise ValueError("masses: a 1-D tensor of at least 2 positive masses")
@@ -156,7 +162,8 @@ class JacobiNBody(System):
         """The exact flow of H_K over dt: free centre of mass, Kepler orbits of the others."""
         v = pj / self.mprime[:, None]
         x0 = qj[..., :1, :] + dt * v[..., :1, :]
-        x1, v1 = kepler_flow(qj[..., 1:, :], v[..., 1:, :], self.mu.expand(qj.shape[:-2] + self.mu.shape), dt)
+        x1, v1 = kepler_flow(qj[..., 1:, :], v[..., 1:, :], self.mu.expand(qj.shape[:-2] + self.mu.shape), dt,
+                             iterations=self.kepler_iterations)
         return torch.cat([x0, x1], -2), torch.cat([pj[..., :1, :], v1 * self.mprime[1:, None]], -2)
 
     def vector_field(self, qj, pj, t=0.0):
