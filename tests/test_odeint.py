@@ -387,7 +387,8 @@ def test_hnn_func_calling_autograd_grad(method):
         assert (a - b).abs().max() < 1e-10
     # options=dict(hamiltonian=H) gives the same values.
     yh = odeint(None, y0, t, method=method, rtol=0, atol=0,
-                options=dict(step_size=0.1, hamiltonian=lambda q, p: func.energy(torch.cat([q, p], -1))))
+                options=dict(step_size=0.1,
+                             hamiltonian=lambda q, p: func.energy(torch.cat([q, p], -1)).squeeze(-1)))
     assert (yh - yr).abs().max() < 1e-12
 
 
