@@ -80,10 +80,10 @@ def check_real(value, name: str, lo: float, hi: float | None = None, *,
     return float(value)
 
 
-def check_scalar(x, name: str) -> float:
-    """A real number as a float: an int or float (not a bool), or a 0-d real tensor that does
-    not require grad (its gradient would be lost in the conversion: say so rather than detach
-    it silently).  Finiteness is the caller's check."""
+def check_scalar(x, name: str, what: str = "number") -> float:
+    """A finite real number as a float: an int or float (not a bool), or a 0-d real tensor that
+    does not require grad (its gradient would be lost in the conversion: say so rather than
+    detach it silently).  ``what`` names it in the message ("time", "number")."""
     if isinstance(x, torch.Tensor):
         if x.dim() != 0 or x.is_complex() or x.dtype == torch.bool:
             raise TypeError(f"{name} must be a real number or a 0-d real tensor, got a tensor of "
@@ -91,21 +91,30 @@ def check_scalar(x, name: str) -> float:
         if x.requires_grad:
             raise ValueError(f"{name} requires grad, but it is read as a Python number (no "
                              f"gradient reaches it); differentiate through the states instead")
-        return float(x)
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
+    elif isinstance(x, bool) or not isinstance(x, (int, float)):
         raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
-    return float(x)
+    x = float(x)
+    if not math.isfinite(x):
+        raise ValueError(f"{name} must be a finite {what}, got {x}")
+    return x
 
 
 def check_nonzero(x, name: str, what: str = "number") -> float:
-    """A finite nonzero real (an int or float, not a bool), as a float: a step size h, a data
-    spacing dt.  ``what`` names it in the message ("step size", "number")."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
-    x = float(x)
-    if x == 0.0 or not math.isfinite(x):
+    """A finite nonzero real (:func:`check_scalar`), as a float: a step size h, a data spacing
+    dt.  ``what`` names it in the message ("step size", "number")."""
+    x = check_scalar(x, name, f"nonzero {what}")
+    if x == 0.0:
         raise ValueError(f"{name} must be a finite nonzero {what}, got {x}")
     return x
+
+
+def broadcasts_to(shape, target) -> bool:
+    """Whether a tensor of ``shape`` broadcasts to ``target`` without enlarging it (a number
+    for every sample, per-sample values, a derivative differing by singleton dims)."""
+    try:
+        return tuple(torch.broadcast_shapes(tuple(shape), tuple(target))) == tuple(target)
+    except RuntimeError:
+        return False
 
 
 def singular_threshold(n: int, dtype) -> float:

@@ -76,7 +76,8 @@ from typing import Callable
 
 import torch
 
-from ._validate import check_finite, check_int, check_pair, check_placement, check_real
+from ._validate import (broadcasts_to, check_finite, check_int, check_nonzero, check_pair,
+                        check_placement, check_real)
 from .integrators import METHODS, TABLES, Composition, get_method
 from .gradients import SegmentFunction, check_reconstruction, reverse_sweep
 from .integrators.base import explicit_splitting
@@ -358,16 +359,10 @@ def _check_state(system, q0, p0, state_dims):
     return q0.shape[:q0.dim() - state_dims]
 
 
-def _broadcasts(shape, batch) -> bool:
-    """Whether a tensor of ``shape`` expands to ``batch`` (a number, or per-sample values)."""
-    shape, batch = tuple(shape), tuple(batch)
-    return len(shape) <= len(batch) and all(a in (1, b) for a, b in zip(shape[::-1], batch[::-1]))
-
-
 def _start_time(t0, batch, dtype, device):
     """t0 (a number or per-sample tensor) as a (*batch) tensor, checked finite; keeps its graph."""
     t = torch.as_tensor(t0, dtype=dtype, device=device)
-    if not _broadcasts(t.shape, batch):
+    if not broadcasts_to(t.shape, batch):
         raise ValueError(f"t0 must be a number or a tensor of the batch shape {tuple(batch)}, got "
                          f"shape {tuple(t.shape)}")
     check_finite(t, "t0")
@@ -629,9 +624,7 @@ def adaptive_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, control: Ste
             f"symmetric (its −h step does not invert it), so the variable-step map would not be "
             f"time-reversible")
     batch = _check_state(system, q0, p0, state_dims)
-    eps = float(eps)
-    if not (math.isfinite(eps) and eps != 0.0):
-        raise ValueError(f"eps must be a finite nonzero fictive step, got {eps}")
+    eps = check_nonzero(eps, "eps", "fictive step")
     if (steps is None) == (until is None):
         raise ValueError("pass exactly one of steps= (a number of steps) and until= (an end time)")
     if steps is not None:
@@ -668,7 +661,7 @@ def adaptive_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, control: Ste
         rho = 1.0 / sigma0
     else:
         rho = torch.as_tensor(rho0, dtype=dtype, device=device)
-        if not _broadcasts(rho.shape, batch):
+        if not broadcasts_to(rho.shape, batch):
             raise ValueError(f"rho0 must be a number or a tensor of the batch shape {tuple(batch)}, "
                              f"got shape {tuple(rho.shape)}")
         rho = rho.expand(batch)
@@ -859,9 +852,7 @@ def time_transformed_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, step
     system = _as_system(system)
     batch = _check_state(system, q0, p0, state_dims)
     state_shape = q0.shape[q0.dim() - state_dims:]
-    eps = float(eps)
-    if not (math.isfinite(eps) and eps != 0.0):
-        raise ValueError(f"eps must be a finite nonzero fictive step, got {eps}")
+    eps = check_nonzero(eps, "eps", "fictive step")
     if steps is not None:
         check_int(steps, "steps", 0)
     check_int(save_every, "save_every", 1)

@@ -48,13 +48,12 @@ system never increases.
 from __future__ import annotations
 
 import inspect
-import math
 from typing import Callable
 
 import torch
 from torch import nn
 
-from ._validate import check_finite, check_pair
+from ._validate import check_finite, check_nonzero, check_pair, check_scalar
 from .integrators.registry import register
 from .integrators.variational import VariationalIntegrator
 from .lagrangian import Lagrangian, SecondOrderSystem, ConstantMatrix
@@ -308,9 +307,7 @@ def discrete_work(system: ForcedSystem, q: Tensor, p: Tensor, *, h: float, t0: f
     check_pair(q, p, ("q", "p"))
     if q.dim() < 2:
         raise ValueError(f"q, p must be trajectories (K+1, ..., n), got shape {tuple(q.shape)}")
-    h, t0 = float(h), float(t0)
-    if not (math.isfinite(h) and h != 0.0) or not math.isfinite(t0):
-        raise ValueError(f"h must be a finite nonzero step and t0 a finite time, got h = {h}, t0 = {t0}")
+    h, t0 = check_nonzero(h, "h", "step size"), check_scalar(t0, "t0", "time")
     q0, q1, p0, p1 = q[:-1], q[1:], p[:-1], p[1:]
     if q0.shape[0] == 0:
         return q.new_zeros(q.shape[1:-1]).unsqueeze(0)[:0]

@@ -44,7 +44,7 @@ class ConstantMatrix:
     inverted at every step; as a damping it may be singular."""
 
     def __init__(self, mass, *, invertible: bool = True, name: str = "mass"):
-        self.kind, self.M, self.Minv = "identity", None, None
+        self.kind, self.M, self.Minv, self.scale = "identity", None, None, 1.0
         if mass is None:
             return
         if isinstance(mass, bool):
@@ -62,6 +62,8 @@ class ConstantMatrix:
             raise ValueError(f"{name} must be a scalar, a vector (diagonal) or a square (n, n) "
                              f"matrix, got shape {tuple(mass.shape)}")
         self.kind = {0: "scalar", 1: "diag", 2: "full"}[mass.dim()]
+        # max |M_ii|: the units of the momenta (variational steps divide their residuals by it)
+        self.scale = float((mass.diagonal() if mass.dim() == 2 else mass).detach().abs().max())
         if not invertible:
             self.M = mass      # a damping that requires grad keeps it (C is applied, not inverted)
             return
@@ -386,10 +388,7 @@ class MechanicalLagrangian(Lagrangian):
 
     def momentum_scale(self, q, v, t=0.0) -> Tensor:
         """max |M_ii|: the constant mass's scale (:meth:`Lagrangian.momentum_scale`)."""
-        M = self._mass
-        scale = 1.0 if M.kind == "identity" else float(
-            (M.M.diagonal() if M.kind == "full" else M.M).detach().abs().max())
-        return q.new_full((*q.shape[:-1], 1), scale)
+        return q.new_full((*q.shape[:-1], 1), self._mass.scale)
 
     def grad_V(self, q):
         if self.potential_grad is not None:
@@ -568,7 +567,7 @@ class ComposedDiscreteLagrangian:
         return -D1, D2
 
     # -- from (q₀, p₀): the generated map, in base-point unknowns --------------------------------
-    def generate(self, q0, p0, h, t, v0, options, constraint=None) -> tuple[Tensor, Tensor]:
+    def generate(self, q0, p0, h, t, v0, options, constraint=None, scale=None) -> tuple[Tensor, Tensor]:
         r"""(q_s, p_s) with p₀ = −D₁L_d(q₀, q_s), p_s = D₂L_d(q₀, q_s): the discrete Legendre
         transforms solved jointly with the interior equations, by ``options`` (a
         :class:`~torchgeo_int.solvers.SolveOptions`; its ``root``), from the velocity guess v0.
@@ -582,11 +581,14 @@ class ComposedDiscreteLagrangian:
 
         ``constraint = (G₀, g)`` (holonomic constraints, ``torchgeo_int.constraints``): one more
         unknown, the multiplier ν (..., m); p₀ becomes p₀ − G₀ᵀν in the first equation and
-        g(q_s) = 0 joins the system."""
+        g(q_s) = 0 joins the system.
+
+        The momentum equations are divided by the mass scale μ (velocity units, as the unknowns)
+        and the multiplier taken as ν = μ ν′, so Newton's tolerance does not depend on the units:
+        ``scale`` = μ (..., 1), which the variational steps compute once a rollout
+        (:meth:`Lagrangian.momentum_scale`) and carry in their cache; None: computed here."""
         maps, c = self.maps, self.fractions
-        # momentum equations divided by the mass scale μ (velocity units, as the unknowns), and
-        # the multiplier taken as ν = μ ν′: Newton's tolerance then does not depend on the units
-        mu = self.terms[0].L.momentum_scale(q0, v0, t)
+        mu = self.terms[0].L.momentum_scale(q0, v0, t) if scale is None else scale
 
         def residual(z, q, p, *G):   # (q, p[, G₀]): the solver's args (solvers' note on args)
             if G:

@@ -9,13 +9,12 @@ when save_every does not divide steps); for a first-order system
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ._loop import n_saved, progress_bar
 from ._loop import run_loop  # noqa: F401  (its historical home: tests and experiments import it here)
-from ._validate import check_finite, check_int, check_pair, check_placement, check_scalar, check_tensor
+from ._validate import (check_finite, check_int, check_nonzero, check_pair, check_placement,
+                        check_scalar, check_tensor)
 from .integrators import get_method
 from .solve import grad_mode, solve
 from .systems import Hamiltonian, System
@@ -109,12 +108,8 @@ def rollout(system, q0: torch.Tensor, p0: torch.Tensor | None = None, *, h: floa
     check_int(steps, "steps", 0)
     check_int(save_every, "save_every", 1)
     check_int(check_every, "check_every", 1)
-    h = check_scalar(h, "h")
-    if h == 0.0 or not math.isfinite(h):
-        raise ValueError(f"h must be a finite nonzero step size, got {h}")
-    t0 = check_scalar(t0, "t0")
-    if not math.isfinite(t0):
-        raise ValueError(f"t0 must be a finite time, got {t0}")
+    h = check_nonzero(h, "h", "step size")
+    t0 = check_scalar(t0, "t0", "time")
     for name, flag in (("progress", progress), ("compile", compile)):
         if not isinstance(flag, bool):
             raise ValueError(f"{name} must be a bool, got {flag!r}")

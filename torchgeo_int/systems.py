@@ -86,9 +86,9 @@ def check_energy(out, batch_of: Tensor, label: str = "the energy function", fn=N
                         "for complex states z integrate real coordinates, e.g. "
                         "q = torch.cat([z.real, z.imag], -1)")
     batch = batch_of.shape[:-1]
-    # Fewer values than rows is fine: leading dims of one system's state (bodies × coordinates)
-    # summed into its energy.  More means values per coordinate, which the gradient of the sum
-    # turns into another system.
+    # The batch shape, or a prefix of it (leading dims of one system's state, bodies ×
+    # coordinates, summed into its energy).  Values per coordinate are summed by the gradient
+    # into another system; a trailing singleton (keepdim) broadcasts T + V to (B, B).
     if _is_user(fn) and tuple(out.shape) != tuple(batch[:out.dim()]):
         what = _what(label, fn)
         raise ValueError(f"{what} returned shape {tuple(out.shape)} for an input of shape "

@@ -39,6 +39,7 @@ import warnings
 import torch
 from torchdiffeq._impl.event_handling import combine_event_functions, find_event
 
+from .._validate import broadcasts_to
 from ..integrators.base import Stepper
 
 _UNSUPPORTED_CALLBACKS = ("callback_accept_step", "callback_reject_step")
@@ -196,13 +197,6 @@ def integrate_until_event(step, system, states, t0, h, event_fn, *, to_user, tol
     return tt(tk) + sign * s_event.detach(), y_event
 
 
-def _broadcasts_to(shape, target) -> bool:
-    try:
-        return tuple(torch.broadcast_shapes(tuple(shape), tuple(target))) == tuple(target)
-    except RuntimeError:
-        return False
-
-
 class FirstCallCheck:
     """The user's func for torchdiffeq's methods, with its first output checked against y0
     (shape, and finite) — torchdiffeq itself broadcasts a wrong shape or loops on NaN.  Every
@@ -241,7 +235,7 @@ class FirstCallCheck:
             # singleton dims only (a 0-d derivative of a (1,) state), a tuple part of y0's size
             # (it is flattened); refused: one that broadcasts to another size (a (1,) derivative
             # of a (2,) state: euler would broadcast it, dopri5 fail) or would enlarge the state
-            ok = o.numel() == math.prod(s) and (self.is_tuple or _broadcasts_to(o.shape, s))
+            ok = o.numel() == math.prod(s) and (self.is_tuple or broadcasts_to(o.shape, s))
             if not ok:
                 raise ValueError(f"{what} returned shape {tuple(o.shape)}, expected {tuple(s)} "
                                  "(the shape of y0): torchdiffeq would broadcast it silently or "

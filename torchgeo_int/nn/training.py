@@ -33,6 +33,8 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
+from .._validate import check_real
+
 Tensor = torch.Tensor
 CHECKPOINT_FORMAT = "torchgeo_int.nn.checkpoint/2"
 #: earlier formats without checksums: still loaded, unverified
@@ -400,11 +402,9 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
         raise ValueError(f"log_every must be an int >= 1, got {log_every!r}")
     if checkpoint_every is not None and checkpoint is None:
         raise ValueError("checkpoint_every needs checkpoint=<path>")
-    if grad_clip is not None and (isinstance(grad_clip, bool) or not isinstance(grad_clip, (int, float))
-                                  or not math.isfinite(grad_clip) or grad_clip <= 0):
+    if grad_clip is not None:
         # 0 never trains, a negative norm flips the gradient (ascent), NaN poisons the step
-        raise ValueError(f"grad_clip must be None or a finite number > 0 (the largest gradient "
-                         f"norm), got {grad_clip!r}")
+        grad_clip = check_real(grad_clip, "grad_clip", 0.0, lo_open=True)
     if max_time is not None and not (max_time > 0):
         raise ValueError(f"max_time must be positive seconds, got {max_time!r}")
     if not (threads is None or threads == "auto"
