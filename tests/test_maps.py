@@ -51,6 +51,44 @@ def test_adjoint(name):
     assert Ra.symmetric == R.symmetric
 
 
+def _sphere_midpoint_inverse(x0, x1):
+    # R_d⁻¹ of RetractionMap(normalize, ½): x = (x₀+x₁)/|x₀+x₁|, v = 2(x₁−x₀)/|x₀+x₁|
+    n = (x0 + x1).norm(dim=-1, keepdim=True)
+    return (x0 + x1) / n, 2 * (x1 - x0) / n
+
+
+def _normalize(x, v):
+    y = x + v
+    return y / y.norm(dim=-1, keepdim=True)
+
+
+def test_closed_inverse_is_checked_and_kept_by_the_adjoint():
+    """A closed-form inverse given to RetractionMap is compared with the map on its first call (a
+    form written for another α fails with the residual instead of stepping wrongly), and the
+    adjoint keeps a closed form (it fell back to Newton before)."""
+    linear = lambda x, v: x + v
+    x0, x1 = torch.randn(4, 2, 3), torch.randn(4, 2, 3)
+    wrong = tgi.RetractionMap(linear, 0.5, inverse=tgi.AlphaMap(0.3).inverse)
+    with pytest.raises(ValueError, match=r"alpha=0.5\) is not the inverse of its map"):
+        wrong.inverse(x0, x1)
+    with pytest.raises(ValueError, match="not the inverse"):   # inside an integrator as well
+        tgi.rollout(tgi.ODESystem(lambda t, x: -x), x0[0], h=0.1, steps=2,
+                    method=tgi.FirstOrderIntegrator(wrong, form="inverse"))
+    shape = tgi.RetractionMap(linear, 0.3, inverse=lambda a, b: (a, b))   # (x, v) of one point
+    with pytest.raises(ValueError, match="not the inverse"):
+        shape.inverse(x0, x1)
+    for R in (tgi.RetractionMap(linear, 0.3, inverse=tgi.AlphaMap(0.3).inverse),
+              tgi.RetractionMap(_normalize, 0.5, inverse=_sphere_midpoint_inverse)):
+        Ra = R.adjoint()
+        assert Ra.has_closed_inverse and Ra.base_fraction == pytest.approx(1 - R.alpha)
+        assert Ra.adjoint().alpha == pytest.approx(R.alpha) and Ra.retraction is R.retraction
+        x = x0 / x0.norm(dim=-1, keepdim=True)
+        v = 0.3 * torch.linalg.cross(x, torch.randn_like(x), dim=-1)   # tangent to the sphere
+        y0, y1 = Ra(x, v)
+        xr, vr = Ra.inverse(y0, y1)
+        assert torch.allclose(xr, x, atol=1e-13) and torch.allclose(vr, v, atol=1e-13)
+
+
 @pytest.mark.parametrize("alpha", [0.0, 0.25, 0.5, 0.8, 1.0])
 def test_alpha_map_formulas(alpha):
     R = tgi.AlphaMap(alpha)

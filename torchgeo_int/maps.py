@@ -290,7 +290,12 @@ class RetractionMap(DiscretizationMap):
     for any ``retraction(x, v) -> point`` with R_x(0) = x and D_vR_x(0) = Id (Def 2.1), written
     with torch ops so that torch.func can differentiate it.  Its adjoint is RetractionMap(1 − α).
     ``inverse`` is a batched, differentiable Newton solve unless a closed form
-    ``inverse(x0, x1) -> (x, v)`` is given.
+    ``inverse(x0, x1) -> (x, v)`` is given.  A closed form is checked on its first call (and the
+    first after ``alpha`` or the retraction changes): on pairs (y₀, y₁) = R_d(x, v) of the map's
+    image, R_d(inverse(y₀, y₁)) must give back (y₀, y₁) to √ε·(1 + max|y₀|, |y₁|), or a
+    ValueError names the residual — a closed form
+    written for another α, or for another retraction, fails there instead of stepping wrongly.
+    The adjoint keeps a closed form: R_d*⁻¹(x₀, x₁) = (x, −w) with (x, w) = R_d⁻¹(x₁, x₀).
     """
 
     def __init__(self, retraction: Callable[[Tensor, Tensor], Tensor], alpha: float = 0.5,
@@ -301,6 +306,7 @@ class RetractionMap(DiscretizationMap):
         self.retraction = retraction
         self.alpha = check_alpha(alpha)
         self._closed_inverse = inverse
+        self._inverse_checked = None   # (id(retraction), α) the closed form was last checked for
 
     def extra_repr(self) -> str:
         return f"retraction={getattr(self.retraction, '__name__', self.retraction)}, alpha={self.alpha}"
@@ -321,18 +327,54 @@ class RetractionMap(DiscretizationMap):
             return ("retraction", id(self.retraction), self.alpha)
         return super().key()
 
-    def adjoint(self) -> "RetractionMap":
-        # A closed-form inverse of R_d does not carry over to 1 − α; the adjoint uses Newton.
-        return RetractionMap(self.retraction, 1.0 - self.alpha)
+    def adjoint(self) -> DiscretizationMap:
+        # R_d* is RetractionMap(1 − α) (Prop 2.5); a closed-form inverse of R_d gives R_d*'s
+        # (Prop 2.5 again), so the adjoint keeps a closed form rather than falling back to Newton.
+        inverse = None
+        if self._closed_inverse is not None:
+            def inverse(x0, x1, base=self._closed_inverse):
+                x, w = base(x1, x0)
+                return x, -w
+        return RetractionMap(self.retraction, 1.0 - self.alpha, inverse=inverse)
 
     def _forward(self, x, v):
         a = self.alpha
         return self.retraction(x, -a * v), self.retraction(x, (1.0 - a) * v)
 
     def _inverse(self, x0, x1):
-        if self._closed_inverse is not None:
-            return self._closed_inverse(x0, x1)
-        return super()._inverse(x0, x1)
+        if self._closed_inverse is None:
+            return super()._inverse(x0, x1)
+        x, v = self._closed_inverse(x0, x1)
+        if self._inverse_checked != (id(self.retraction), self.alpha) \
+                and not torch.compiler.is_compiling():
+            self._check_closed_inverse(x0, x1, x, v)
+        return x, v
+
+    def _check_closed_inverse(self, x0, x1, x, v):
+        """R_d(R_d⁻¹(x₀, x₁)) = (x₀, x₁) on the first pairs the closed form sees (one host sync
+        per map, not per step)."""
+        for name, a in (("x", x), ("v", v)):
+            if not isinstance(a, Tensor) or a.shape != x0.shape:
+                raise ValueError(f"the closed-form inverse of {self!r} must return (x, v) of the "
+                                 f"shape of x0, {tuple(x0.shape)}; its {name} is "
+                                 f"{tuple(a.shape) if isinstance(a, Tensor) else type(a).__name__}")
+        if x0.numel() == 0 or not bool(torch.isfinite(x0).all() & torch.isfinite(x1).all()):
+            return   # nothing to check on (non-finite pairs are refused where they come from)
+        with torch.no_grad():
+            # on pairs of the map's image: (x0, x1) themselves need not lie on the manifold (an
+            # implicit step's iterate off the sphere), R_d(x, v) does
+            y0, y1 = self._forward(x, v)
+            z0, z1 = self._forward(*self._closed_inverse(y0, y1))
+            res = torch.maximum((z0 - y0).abs().max(), (z1 - y1).abs().max())
+            scale = 1.0 + float(torch.maximum(y0.abs().max(), y1.abs().max()))
+            tol = torch.finfo(x0.dtype).eps ** 0.5 * scale
+            if not float(res) <= tol:
+                raise ValueError(
+                    f"the closed-form inverse given to RetractionMap (alpha={self.alpha}) is not "
+                    f"the inverse of its map: R_d(inverse(y0, y1)) misses (y0, y1) = R_d(x, v) "
+                    f"by {float(res):.3g} (tolerance {tol:.3g}); it must solve "
+                    "(R_x(−αv), R_x((1−α)v)) = (y0, y1) for this α and this retraction")
+        self._inverse_checked = (id(self.retraction), self.alpha)
 
 
 class AdjointMap(DiscretizationMap):
