@@ -40,8 +40,10 @@ changes by exactly (Δq/h)·Δp and
     E_{k+1} − E_k = W_k + D_k,    W_k = F̄·(q_{k+1} − q_k)   (:func:`discrete_work`),
     D_k = V(q_{k+1}) − V(q_k) − ∇V(q̄)·(q_{k+1} − q_k),
 
-an identity of the step, so it holds to round-off; D_k = 0 for quadratic V (and for any quadratic
-H with the forced implicit midpoint), O(|Δq|³) otherwise — the energy error of the unforced
+an identity of the step, so it holds as well as the step's equations are solved: to round-off
+where they are linear in the unknown, to the solver's tolerance otherwise (a force nonlinear in v
+on the Lagrangian side); D_k = 0 for quadratic V (and for any quadratic H with the forced
+implicit midpoint), O(|Δq|³) otherwise — the energy error of the unforced
 midpoint rule.  With Rayleigh damping alone W_k = −h v̄ᵀC v̄ ≤ 0: the discrete energy of a linear
 system never increases.
 """
