@@ -285,8 +285,8 @@ def test_a_defaulted_extra_argument_is_a_constant_not_the_time():
     assert not S.time_dependent
     assert tgi.Hamiltonian(lambda q, p, t=0.0: (p * p).sum(-1) + t).time_dependent   # named t
     assert tgi.Hamiltonian(lambda q, p, t: (p * p).sum(-1) + t).time_dependent
-    q, _ = tgi.rollout(S, torch.ones(1, 1), torch.zeros(1, 1), h=1e-3, steps=1000, method="yoshida4")
-    assert abs(float(q[-1]) - math.cos(2.0)) < 1e-9
+    q, _ = tgi.rollout(S, torch.ones(1, 1), torch.zeros(1, 1), h=1e-2, steps=100, method="yoshida4")
+    assert abs(float(q[-1]) - math.cos(2.0)) < 1e-6   # ω = t would give cos(½) here
 
 
 def test_energies_with_keepdim_are_refused():
