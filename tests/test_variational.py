@@ -375,3 +375,69 @@ def test_bad_arguments_raise():
     with pytest.raises(TypeError, match="Lagrangian"):
         DiscreteLagrangian(legendre_hamiltonian(), tgi.MidpointMap())
     assert isinstance(Lagrangian.mechanical(potential), MechanicalLagrangian)
+
+
+# -- units and precision of the Lagrangian's own solves (review 2026-12-05) -----------------------
+def test_lagrangian_solves_do_not_depend_on_the_units():
+    """L and k·L have the same motion: FL⁻¹ and the interior points of a composed discrete
+    Lagrangian stopped at their start for small k (a momentum residual tested against velocities
+    or positions), so implicit_midpoint on k·L left the particle at rest."""
+    def make(k):
+        return tgi.Lagrangian(lambda q, v: k * (0.5 * (v * v).sum(-1) - (1 - torch.cos(q)).sum(-1)))
+    q, v = torch.tensor([[0.3, 0.1]]), torch.tensor([[0.2, -0.1]])
+    ref = None
+    for k in (1.0, 1e-8, 1e-14, 1e6):
+        L = make(k)
+        p = L.legendre(q, v)
+        assert torch.allclose(L.inverse_legendre(q, p), v, atol=1e-12, rtol=0), k
+        qk, _ = tgi.rollout(L, q, p, h=0.1, steps=10, method="implicit_midpoint")
+        Ld = ComposedDiscreteLagrangian(L, [tgi.AlphaMap(0.3), tgi.AlphaMap(0.5)], [0.5, 0.5])
+        mid = Ld.interior(q, q + 0.1 * v, 0.1)[0]
+        if ref is None:
+            ref = qk[-1], mid
+        assert torch.allclose(qk[-1], ref[0], atol=1e-10, rtol=0), k
+        assert torch.allclose(mid, ref[1], atol=1e-12, rtol=0), k
+    # float32 at k = 1e-6: FL⁻¹ to float32's round-off (it returned 0 before)
+    L = make(1e-6)
+    q32, v32 = q.float(), v.float()
+    assert torch.allclose(L.inverse_legendre(q32, L.legendre(q32, v32)), v32, atol=1e-6, rtol=0)
+
+
+def test_a_mass_given_as_a_number_keeps_float64_runs_at_float64():
+    """A Python mass was stored in the default dtype: with float32 as default, M⁻¹ = 1/3 in
+    float32 capped a float64 run at 1e-6."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        L = tgi.Lagrangian.mechanical(lambda q: 0.5 * (q * q).sum(-1), 3.0)
+        S = tgi.SecondOrderSystem(lambda t, q: -q, mass=3.0)
+        full = tgi.Lagrangian.mechanical(lambda q: 0.5 * (q * q).sum(-1),
+                                         torch.tensor([[3.0, 0.0], [0.0, 3.0]]))
+    finally:
+        torch.set_default_dtype(default)
+    q = torch.tensor([[1.0]], dtype=torch.float64)
+    assert abs(float(L.velocity(q)) - 1 / 3) < 1e-16
+    assert abs(float(S.acceleration(q)) + 1 / 3) < 1e-16
+    # a float32 (n, n) mass holds exactly representable values: M⁻¹ formed in float64
+    q2 = torch.tensor([[1.0, 2.0]], dtype=torch.float64)
+    assert torch.allclose(full.velocity(q2), q2 / 3, atol=1e-16, rtol=0)
+    qs, _ = tgi.rollout(L, q, torch.zeros_like(q), h=0.05, steps=400, method="yoshida8")
+    assert abs(float(qs[-1]) - math.cos(20 / math.sqrt(3))) < 1e-12
+
+
+@pytest.mark.parametrize("kind", ["mechanical", "generic"])
+def test_a_regular_lagrangian_with_a_zero_diagonal_hessian(kind):
+    """M = [[0, 1], [1, 0]] (or L = v₁v₂ − V) is regular: its mass scale was the zero diagonal,
+    and the variational midpoint rule divided by 0 (or by 2e-308)."""
+    V = lambda q: 0.5 * (q ** 2).sum(-1)
+    if kind == "mechanical":
+        L = tgi.Lagrangian.mechanical(V, torch.tensor([[0.0, 1.0], [1.0, 0.0]]))
+    else:
+        L = tgi.Lagrangian(lambda q, v: v[..., 0] * v[..., 1] - V(q))
+    q0, v0 = torch.tensor([[0.5, -0.2]]), torch.tensor([[0.1, 0.3]])
+    p0 = L.legendre(q0, v0)
+    qa, pa = tgi.rollout(L, q0, p0, h=0.1, steps=10, method="variational_midpoint")
+    # the same map as the implicit midpoint rule on H = p₁p₂ + V (Legendre of this L)
+    H = tgi.Hamiltonian(lambda q, p: p[..., 0] * p[..., 1] + V(q))
+    qb, pb = tgi.rollout(H, q0, p0, h=0.1, steps=10, method="implicit_midpoint")
+    assert torch.allclose(qa, qb, atol=1e-11) and torch.allclose(pa, pb, atol=1e-11)

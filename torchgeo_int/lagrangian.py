@@ -45,12 +45,14 @@ class ConstantMatrix:
 
     def __init__(self, mass, *, invertible: bool = True, name: str = "mass"):
         self.kind, self.M, self.Minv, self.scale = "identity", None, None, 1.0
+        self._cast = {}
         if mass is None:
             return
         if isinstance(mass, bool):
             raise TypeError(f"{name} must be a number or a tensor, got a bool")
         if isinstance(mass, (int, float)):
-            mass = torch.tensor(float(mass), dtype=torch.get_default_dtype())
+            # float64 whatever the default dtype: a float32 3.0⁻¹ capped float64 runs at 1e-8
+            mass = torch.tensor(float(mass), dtype=torch.float64)
         if not isinstance(mass, torch.Tensor):
             raise TypeError(f"{name} must be None, a number, a vector or an (n, n) tensor, got "
                             f"{type(mass).__name__}")
@@ -62,8 +64,9 @@ class ConstantMatrix:
             raise ValueError(f"{name} must be a scalar, a vector (diagonal) or a square (n, n) "
                              f"matrix, got shape {tuple(mass.shape)}")
         self.kind = {0: "scalar", 1: "diag", 2: "full"}[mass.dim()]
-        # max |M_ii|: the units of the momenta (variational steps divide their residuals by it)
-        self.scale = float((mass.diagonal() if mass.dim() == 2 else mass).detach().abs().max())
+        # max |M_ij|: the units of the momenta (variational steps divide their residuals by it;
+        # all entries, not the diagonal: [[0, 1], [1, 0]] is a regular mass with a zero diagonal)
+        self.scale = float(mass.detach().abs().max())
         if not invertible:
             self.M = mass      # a damping that requires grad keeps it (C is applied, not inverted)
             return
@@ -77,13 +80,13 @@ class ConstantMatrix:
             if bool((a == 0).any()) or float(a.max() / a.min()) >= singular_threshold(a.numel(), mass.dtype):
                 raise ValueError(f"the {name} matrix is singular: its diagonal {mass.tolist()} has "
                                  "a zero (or numerically zero) entry; q̈ = M⁻¹f needs an invertible M")
-            self.Minv = 1.0 / self.M
+            self.Minv = 1.0 / self.M.double()   # in float64, cast to the state's dtype at use
             return
         cond = float(torch.linalg.cond(mass.detach().double()))
         if not math.isfinite(cond) or cond >= singular_threshold(mass.shape[0], mass.dtype):
             raise ValueError(f"the {name} matrix is singular (condition number {cond:.3e}); "
                              "q̈ = M⁻¹f needs an invertible M")
-        self.Minv = torch.linalg.inv(self.M)
+        self.Minv = torch.linalg.inv(self.M.double())
 
     @property
     def n(self):
@@ -95,7 +98,15 @@ class ConstantMatrix:
                              f"{x.shape[-1]} coordinates (last dim of shape {tuple(x.shape)})")
 
     def _as(self, A, x):
-        return A if (A.dtype == x.dtype and A.device == x.device) else A.to(x)
+        if A.dtype == x.dtype and A.device == x.device:
+            return A
+        if A.requires_grad:   # a learned damping: a cached cast would hold a stale graph
+            return A.to(x)
+        key = (id(A), x.dtype, x.device)   # cast once per dtype and device, not per step
+        cast = self._cast.get(key)
+        if cast is None:
+            cast = self._cast[key] = A.to(x)
+        return cast
 
     def solve(self, f: Tensor) -> Tensor:
         """M⁻¹ f, per sample (coordinates last)."""
@@ -292,15 +303,15 @@ class Lagrangian(System):
             return batch_jacobian(Lv, vv, keep)
 
     def momentum_scale(self, q, v, t=0.0) -> Tensor:
-        """A per-sample mass scale (..., 1): max |∂²L/∂v²| on the diagonal at (q, v), no graph.
+        """A per-sample mass scale (..., 1): max |∂²L/∂v²| over its entries at (q, v), no graph.
         The variational steps divide their momentum residuals by it, so that Newton's test
         |r| ≤ tol (1 + |v|) compares velocities with velocities (a Lagrangian scaled by k, the
         same motion in other units, would otherwise leave a momentum residual of round-off
         eps·k|v| above the tolerance)."""
         with torch.no_grad():
             W = self.velocity_hessian(q.detach(), v.detach(), t)
-        return W.diagonal(dim1=-2, dim2=-1).abs().amax(-1, keepdim=True).clamp_min(
-            torch.finfo(q.dtype).tiny)
+        # all entries, not the diagonal: L = v₁v₂ − V is regular with a zero diagonal
+        return W.abs().flatten(-2).amax(-1, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny)
 
     def check_regular(self, q, v, t=0.0) -> None:
         """Raise :class:`DegenerateLagrangianError` where ∂²L/∂v² is (numerically) singular."""
@@ -316,13 +327,16 @@ class Lagrangian(System):
                 "Lagrangian")
 
     def inverse_legendre(self, q, p, t=0.0, v0: Tensor | None = None) -> Tensor:
-        """v with ∂L/∂v(q, v) = p: Newton from ``v0`` (default 0), differentiable (IFT)."""
+        """v with ∂L/∂v(q, v) = p: Newton from ``v0`` (default 0), differentiable (IFT).  The
+        residual is divided by the mass scale (:meth:`momentum_scale` at v0), so the test compares
+        velocities with velocities: L and k·L give the same v."""
         _check_state(q, p, ("q", "p"))
+        v0 = torch.zeros_like(p) if v0 is None else v0.detach()
+        mu = self.momentum_scale(q, v0, t)
 
         def residual(v, q, p):   # (q, p): the solver's args (see solvers' note on args)
-            return self.legendre(q, v, t) - p
+            return (self.legendre(q, v, t) - p) / mu
 
-        v0 = torch.zeros_like(p) if v0 is None else v0.detach()
         try:
             return newton(residual, v0, args=(q, p))
         except ConvergenceError:
@@ -387,7 +401,7 @@ class MechanicalLagrangian(Lagrangian):
         return 0.5 * (v * self._mass.apply(v)).sum(-1) - self.potential(q)
 
     def momentum_scale(self, q, v, t=0.0) -> Tensor:
-        """max |M_ii|: the constant mass's scale (:meth:`Lagrangian.momentum_scale`)."""
+        """max |M_ij|: the constant mass's scale (:meth:`Lagrangian.momentum_scale`)."""
         return q.new_full((*q.shape[:-1], 1), self._mass.scale)
 
     def grad_V(self, q):
@@ -536,6 +550,9 @@ class ComposedDiscreteLagrangian:
         if s == 1:
             return []
         c, a = self.fractions, self.starts
+        # D₂ + D₁ are momenta, the unknowns positions: divided by μ/h (μ the mass scale) the
+        # residual is in position units, so L and k·L give the same points
+        mu = self.terms[0].L.momentum_scale(q0, (qs - q0) / h, t) / abs(h)
 
         def residual(z, q0, qs):   # (q0, qs): the solver's args (see solvers' note on args)
             pts = [q0, *z, qs]
@@ -543,7 +560,7 @@ class ComposedDiscreteLagrangian:
             for i in range(1, s):
                 D2 = self.terms[i - 1].derivatives(pts[i - 1], pts[i], c[i - 1] * h, t + a[i - 1] * h)[1]
                 D1 = self.terms[i].derivatives(pts[i], pts[i + 1], c[i] * h, t + a[i] * h)[0]
-                out.append(D2 + D1)
+                out.append((D2 + D1) / mu)
             return tuple(out)
 
         if guess is None:
