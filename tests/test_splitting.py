@@ -647,3 +647,45 @@ def test_jacobi_n_body_kepler_iterations():
                 system.kepler_drift(qj, pj, 0.01 * 2 * math.pi)
     with pytest.raises(ValueError, match="kepler_iterations"):
         WH.JacobiNBody(torch.tensor([1.0, 1e-3], **F64), 1.0, kepler_iterations=0)
+
+
+def test_jacobi_n_body_in_float32_and_after_to():
+    """Only A and A⁻¹ were buffers (float64): float32 states crashed, .to(float32) as well; the
+    Kepler check's 1e-12 was below float32's round-off (a spurious 'not solved')."""
+    system, q, p = _toy_solar(1.0)
+    qj, pj = system.to_jacobi(q, p)
+    m = WH.NearIntegrable("saba2")
+    with torch.no_grad():
+        ref, _ = tgi.rollout(system, qj, pj, h=100.0, steps=20, method=m)
+        a, _ = tgi.rollout(system, qj.float(), pj.float(), h=100.0, steps=20, method=m)
+        S32 = WH.JacobiNBody(system.m, system.G).to(torch.float32)
+        assert S32.mu.dtype == torch.float32 and S32.A.dtype == torch.float32
+        b, _ = tgi.rollout(S32, *S32.to_jacobi(q.float(), p.float()), h=100.0, steps=20, method=m)
+    for x in (a, b):
+        assert x.dtype == torch.float32
+        assert float((x.double() - ref).abs().max() / ref.abs().max()) < 1e-5
+    torch.manual_seed(0)   # bound orbits one at a time in float32 (10 to 179 of 296 failed)
+    x, v = torch.randn(300, 3, dtype=torch.float64), 0.5 * torch.randn(300, 3, dtype=torch.float64)
+    mu = torch.full((300,), 3.0, dtype=torch.float64)
+    keep = 2 / x.norm(dim=-1) - (v * v).sum(-1) / mu > 0.05
+    x, v, mu = x[keep][:120], v[keep][:120], mu[keep][:120]
+    for dt in (0.01, 2.0):
+        exact = WH.kepler_flow(x, v, mu, torch.tensor(dt, dtype=torch.float64))[0]
+        for i in range(len(x)):
+            x1, _ = WH.kepler_flow(x[i:i + 1].float(), v[i:i + 1].float(), mu[i:i + 1].float(),
+                                   torch.tensor(dt))
+            assert float((x1.double() - exact[i]).abs().max()) < 1e-4 * (1 + float(exact[i].abs().max()))
+
+
+def test_jacobi_n_body_refuses_bad_input_clearly():
+    system, q, p = _toy_solar(1.0)
+    with pytest.raises(ValueError, match="unknown splitting 'foo'.*saba2"):
+        WH.NearIntegrable("foo")
+    with pytest.raises(ValueError, match=r"shape \(\.\.\., 3, d\).*3 bodies"):
+        system.to_jacobi(q[:2], p[:2])
+    qj, pj = system.to_jacobi(q, p)
+    with pytest.raises(ValueError, match="3 bodies"):
+        tgi.rollout(system, qj[:2], pj[:2], h=1.0, steps=1, method=WH.NearIntegrable("saba2"))
+    for G in (float("nan"), -1.0, 0.0, "1"):
+        with pytest.raises(ValueError, match="G must be"):
+            WH.JacobiNBody(system.m, G)

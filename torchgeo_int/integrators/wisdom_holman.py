@@ -83,7 +83,11 @@ def kepler_flow(x, v, mu, dt, iterations=8, check=True):
         root = (16.0 * dF * dF - 20.0 * F * d2F).abs().sqrt()
         step = 5.0 * F / (dF + root)
         chi = chi - step
-    if check and not bool((step.abs() <= 1e-12 * chi.abs() + 1e-300).all()):
+    # converged: the last step below 1e-12 relative, or its dtype's round-off of χ (the terms of
+    # F are up to a/r ~ 1/(1 − e) larger than χ's own, hence 256 ε: float32's last steps wander
+    # at ~1e-6 relative however many are taken)
+    info = torch.finfo(chi.dtype)
+    if check and not bool((step.abs() <= max(1e-12, 256 * info.eps) * chi.abs() + info.tiny).all()):
         raise ValueError(f"kepler_flow: Kepler's equation not solved in {iterations} Laguerre steps "
                          "(dt long for the orbit, or a near-parabolic one: raise the iterations, "
                          "JacobiNBody(..., kepler_iterations=20))")
@@ -112,8 +116,10 @@ class JacobiNBody(System):
         # and half a period; more only for orbits nearer parabolic
         self.kepler_iterations = check_int(kepler_iterations, "kepler_iterations", 1)
         m = torch.as_tensor(masses, dtype=torch.float64)
-        if m.dim() != 1 or len(m) < 2 or not bool((m > 0).all()):
-            raise ValueError("masses: a 1-D tensor of at least 2 positive masses")
+        if m.dim() != 1 or len(m) < 2 or not bool((m > 0).all() & torch.isfinite(m).all()):
+            raise ValueError("masses: a 1-D tensor of at least 2 positive, finite masses")
+        if isinstance(G, bool) or not isinstance(G, (int, float)) or not 0 < float(G) < math.inf:
+            raise ValueError(f"G must be a positive, finite number, got {G!r}")
         n = len(m)
         eta = torch.cumsum(m, 0)
         A = torch.zeros(n, n, dtype=m.dtype)
@@ -121,26 +127,44 @@ class JacobiNBody(System):
         for i in range(1, n):
             A[i, :i] = -m[:i] / eta[i - 1]
             A[i, i] = 1.0
-        self.G, self.m, self.eta = float(G), m, eta
-        self.register_buffer("A", A)
-        self.register_buffer("Ainv", torch.linalg.inv(A))
-        self.mprime = torch.cat([eta[-1:], m[1:] * eta[:-1] / eta[1:]])     # m'_0 = η_n
-        self.mu = self.G * m[0] * eta[1:] / eta[:-1]                          # μ_i, i ≥ 1
-        self.direct = self.G * m[0] * m[1:]                                   # G m_0 m_i
+        self.G, self.n = float(G), n
         i, j = torch.triu_indices(n, n, 1)
-        self._pairs, self._mm = (i, j), self.G * m[i] * m[j]
+        # buffers, so that .to(dtype/device) moves every constant; states of another dtype or
+        # device cast them at use (_c)
+        for name, value in (("m", m), ("eta", eta), ("A", A), ("Ainv", torch.linalg.inv(A)),
+                            ("mprime", torch.cat([eta[-1:], m[1:] * eta[:-1] / eta[1:]])),  # m'_0 = η_n
+                            ("mu", self.G * m[0] * eta[1:] / eta[:-1]),                      # μ_i, i ≥ 1
+                            ("direct", self.G * m[0] * m[1:]),                               # G m_0 m_i
+                            ("_mm", self.G * m[i] * m[j]), ("_i", i), ("_j", j)):
+            self.register_buffer(name, value, persistent=False)
         self._potential_grad = potential_grad
+
+    @staticmethod
+    def _c(buf, x):
+        """A constant in the dtype and on the device of the state x."""
+        if buf.device != x.device or (buf.is_floating_point() and buf.dtype != x.dtype):
+            return buf.to(device=x.device, dtype=x.dtype if buf.is_floating_point() else buf.dtype)
+        return buf
+
+    def check_bodies(self, q, name="q"):
+        """q of shape (…, N, d) for this system's N bodies, or a clear error."""
+        if not isinstance(q, torch.Tensor) or q.dim() < 2 or q.shape[-2] != self.n:
+            shape = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
+            raise ValueError(f"{name} must have shape (..., {self.n}, d) for this system's "
+                             f"{self.n} bodies, got {shape}")
 
     # coordinates
     def to_jacobi(self, q, p):
-        return self.A @ q, self.Ainv.T @ p
+        self.check_bodies(q), self.check_bodies(p, "p")
+        return self._c(self.A, q) @ q, self._c(self.Ainv, p).T @ p
 
     def from_jacobi(self, qj, pj):
-        return self.Ainv @ qj, self.A.T @ pj
+        self.check_bodies(qj, "qj"), self.check_bodies(pj, "pj")
+        return self._c(self.Ainv, qj) @ qj, self._c(self.A, pj).T @ pj
 
     def potential(self, q):
-        i, j = self._pairs
-        return -(self._mm / (q[..., i, :] - q[..., j, :]).norm(dim=-1)).sum(-1)
+        i, j = self._c(self._i, q), self._c(self._j, q)
+        return -(self._c(self._mm, q) / (q[..., i, :] - q[..., j, :]).norm(dim=-1)).sum(-1)
 
     def _dV(self, q):
         if self._potential_grad is not None:
@@ -149,27 +173,30 @@ class JacobiNBody(System):
         n = q.shape[-2]
         eye = torch.eye(n, dtype=q.dtype, device=q.device)
         r2 = (diff * diff).sum(-1) + eye
-        w = self.G * self.m[:, None] * self.m[None, :] * (1.0 - eye) / r2 ** 1.5
+        m = self._c(self.m, q)
+        w = self.G * m[:, None] * m[None, :] * (1.0 - eye) / r2 ** 1.5
         return (w[..., None] * diff).sum(-2)
 
     def energy(self, qj, pj, t=0.0):
         q, p = self.from_jacobi(qj, pj)
-        return ((p * p).sum(-1) / (2 * self.m)).sum(-1) + self.potential(q)
+        return ((p * p).sum(-1) / (2 * self._c(self.m, p))).sum(-1) + self.potential(q)
 
     def interaction_grad(self, qj):
         """∂H_I/∂q' = A^{−T} ∂V/∂q − Σ_i G m_0 m_i q'_i/|q'_i|³ (the kick's force term)."""
-        g = self.Ainv.T @ self._dV(self.Ainv @ qj)
+        Ainv = self._c(self.Ainv, qj)
+        g = Ainv.T @ self._dV(Ainv @ qj)
         r = qj[..., 1:, :]
-        d = -self.direct[:, None] * r / r.norm(dim=-1, keepdim=True) ** 3
+        d = -self._c(self.direct, qj)[:, None] * r / r.norm(dim=-1, keepdim=True) ** 3
         return g + torch.cat([torch.zeros_like(g[..., :1, :]), d], -2)
 
     def kepler_drift(self, qj, pj, dt):
         """The exact flow of H_K over dt: free centre of mass, Kepler orbits of the others."""
-        v = pj / self.mprime[:, None]
+        mprime, mu = self._c(self.mprime, pj), self._c(self.mu, pj)
+        v = pj / mprime[:, None]
         x0 = qj[..., :1, :] + dt * v[..., :1, :]
-        x1, v1 = kepler_flow(qj[..., 1:, :], v[..., 1:, :], self.mu.expand(qj.shape[:-2] + self.mu.shape), dt,
+        x1, v1 = kepler_flow(qj[..., 1:, :], v[..., 1:, :], mu.expand(qj.shape[:-2] + mu.shape), dt,
                              iterations=self.kepler_iterations)
-        return torch.cat([x0, x1], -2), torch.cat([pj[..., :1, :], v1 * self.mprime[1:, None]], -2)
+        return torch.cat([x0, x1], -2), torch.cat([pj[..., :1, :], v1 * mprime[1:, None]], -2)
 
     def vector_field(self, qj, pj, t=0.0):
         raise NotImplementedError("JacobiNBody is stepped by NearIntegrable (Kepler drifts and "
@@ -187,8 +214,13 @@ class NearIntegrable(Integrator):
 
     def __init__(self, table, name: str | None = None):
         if isinstance(table, str):
-            table = SPLITTING_METHODS[table] if table in SPLITTING_METHODS else {
-                "verlet": Splitting((0.5, 0.5), (1.0,), name="verlet")}[table]
+            if table == "verlet":
+                table = Splitting((0.5, 0.5), (1.0,), name="verlet")
+            elif table in SPLITTING_METHODS:
+                table = SPLITTING_METHODS[table]
+            else:
+                raise ValueError(f"unknown splitting {table!r} for NearIntegrable; known: "
+                                 f"{', '.join(['verlet', *sorted(SPLITTING_METHODS)])}")
         if not isinstance(table, Splitting):
             raise TypeError("NearIntegrable takes a Splitting (or the name of one)")
         self.table = table
@@ -201,6 +233,7 @@ class NearIntegrable(Integrator):
         if not isinstance(system, JacobiNBody):
             raise TypeError(f"{self.name!r} steps a JacobiNBody (Kepler drifts): got "
                             f"{type(system).__name__}")
+        system.check_bodies(q)
         kicks, drifts = self.table.kicks, self.table.drifts
         force = cache
         for a, b in zip(kicks, drifts):
