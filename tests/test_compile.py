@@ -912,3 +912,23 @@ def test_compiled_mlp_forces_equal_eager(method):
         (le, ge), (lc, gc) = loss_and_grads(False), loss_and_grads(True)
         assert abs(float(le - lc)) < 1e-12 and (ge - gc).abs().max() < 1e-12
     assert (qc - qe).abs().max() < 1e-12 and (pc - pe).abs().max() < 1e-12
+
+
+def test_compiled_implicit_steps_follow_replaced_solve_options():
+    """The kernels of an (integrator, system) pair froze the integrator's SolveOptions when first
+    built: after ``m.options = m.options.replace(...)`` (the documented way) compiled rollouts
+    kept the old tolerance and max_iter (no ConvergenceError where eager raises one)."""
+    system = kepler(separable=True, analytic=True)
+    q0, p0 = kepler_initial(0.6)
+    q0, p0 = q0[None], p0[None]
+    m = tgi.METHODS["implicit_midpoint"].with_options()
+    kw = dict(h=0.02, steps=20, method=m)
+    with torch.no_grad():
+        tgi.rollout(system, q0, p0, compile=True, **kw)
+        m.options = m.options.replace(tol=1e-3)
+        qe, _ = tgi.rollout(system, q0, p0, **kw)
+        qc, _ = tgi.rollout(system, q0, p0, compile=True, **kw)
+        assert (qc - qe).abs().max() < 1e-12
+        m.options = m.options.replace(tol=None, max_iter=2)
+        with pytest.raises(tgi.ConvergenceError, match="after 2 iterations"):
+            tgi.rollout(system, q0, p0, compile=True, **kw)

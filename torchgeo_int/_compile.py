@@ -469,6 +469,8 @@ class _Kernels:
         self.eager = integrator.bind(system)   # the stepper whose step and steps are compiled
         self.name = getattr(integrator, "name", type(integrator).__name__)
         self.time_dependent = bool(getattr(system, "time_dependent", True))
+        # the solve options the kernels were built with (the fused copy and the blocks freeze them)
+        self.options = getattr(integrator, "options", None)
         # A system that takes t as a 0-d tensor (odeint's, as torchdiffeq's func) gets it so in
         # the graphs: a Python float would be specialised and recompiled for every step's t.
         self.tensor_time = self.time_dependent and bool(getattr(system, "tensor_time", False))
@@ -697,8 +699,10 @@ _KERNELS = IdentityCache(KEEP)
 def _kernels(integrator, system) -> _Kernels:
     k = _KERNELS.get((integrator, system))
     # a system whose time dependence changed (a ForcedSystem given a control u(t) later) gets
-    # kernels that pass t: the old ones were traced with t fixed
-    if k is None or k.time_dependent != bool(getattr(system, "time_dependent", True)):
+    # kernels that pass t: the old ones were traced with t fixed; an integrator whose solve
+    # options were replaced (its documented way to change them) gets kernels with the new ones
+    if (k is None or k.time_dependent != bool(getattr(system, "time_dependent", True))
+            or k.options != getattr(integrator, "options", None)):
         k = _KERNELS.put((integrator, system), (), _Kernels(integrator, system))
     return k
 

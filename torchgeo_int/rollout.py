@@ -42,8 +42,10 @@ def rollout(system, q0: torch.Tensor, p0: torch.Tensor | None = None, *, h: floa
     mode of :mod:`torchgeo_int.gradients` (options in ``grad_options``).  ``compile=True`` runs
     the steps through ``torch.compile`` (:mod:`torchgeo_int._compile`): explicit splittings on
     separable systems as compiled blocks of steps (without autograd) or compiled single steps
-    (with it), implicit methods with a compiled vector field; results equal the eager ones to
-    round-off.
+    (with it), implicit methods with compiled fused iterations (fixed point) or a compiled
+    vector field (Newton, large states); explicit results equal the eager ones to round-off,
+    implicit ones to about the solver's tolerance (long rollouts run blocks of steps of a fixed
+    iteration count, checked against the tolerance).
     Under grad mode with nothing the steps touch requiring grad (a fixed system rolled out
     without ``torch.no_grad()``) the rollout costs what it costs under ``no_grad``: the states go
     into preallocated outputs, which carry no graph (with ``compile=True``: the no_grad blocks,

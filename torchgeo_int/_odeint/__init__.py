@@ -74,7 +74,8 @@ Options of the geometric methods (anything else raises ValueError):
     "checkpoint" | "reversible": how gradients are taken, below), ``compile`` (bool: the steps
     through ``torch.compile`` as in ``tgi.rollout(..., compile=True)``, with t passed to func as
     a tensor inside the graphs; the graphs are kept for the last 8 (func, options, layout of y0),
-    so a loop of calls compiles once; results equal the eager ones to round-off), ``segment`` (int, steps per
+    so a loop of calls compiles once; results equal the eager ones to round-off for explicit
+    methods, to about the solver's tolerance for implicit ones), ``segment`` (int, steps per
     recomputed segment of grad="checkpoint"), ``reconstruction_tol`` (float, grad="reversible"),
     ``params`` (tensors to differentiate under a lean grad mode; see below), ``perturb``
     (bool: torchdiffeq's — a field evaluated at a step's start or end sees the time one ulp
