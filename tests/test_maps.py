@@ -226,3 +226,76 @@ def test_bad_input_raises():
         tgi.TangentLift(lambda x, v: x)
     with pytest.raises(TypeError):
         tgi.RetractionMap("not callable")
+
+
+# -- review 2026-12-05: subclasses, bundles, bad points --------------------------------------------
+def _retr(x, v):
+    return x + v + 0.3 * torch.sin(x) * v * v
+
+
+class _TwoRetractions(tgi.RetractionMap):
+    """A RetractionMap subclass with its own map (R_x(−αv), x + (1−α)v): a discretization map
+    (Def 2.2 holds), but not RetractionMap(1 − α)'s adjoint, and not symmetric at α = ½."""
+    def _forward(self, x, v):
+        a = self.alpha
+        return self.retraction(x, -a * v), x + (1 - a) * v
+
+
+def test_an_alpha_map_subclass_cannot_change_the_formula():
+    # AlphaMap's closed forms (inverse, DR_d, adjoint, the integrators' α steps) would be wrong
+    with pytest.raises(TypeError, match="subclass DiscretizationMap"):
+        class Shifted(tgi.AlphaMap):
+            def _forward(self, x, v):
+                return x - 0.5 * v + v * v, x + 0.5 * v + v * v
+
+
+@pytest.mark.parametrize("R", [_TwoRetractions(_retr, 0.3), _TwoRetractions(_retr, 0.5)],
+                         ids=["retraction0.3", "retraction0.5"])
+def test_a_subclass_with_its_own_map_gets_the_adjoint_of_prop_2_5(R):
+    """adjoint() and symmetric assumed the parent's formula for a subclass overriding _forward:
+    the adjoint was RetractionMap(1 − α) (wrong by 5e-3), and at α = ½ the map was declared
+    symmetric (order 2 declared, 1 measured)."""
+    x, v = torch.randn(5, 2), 0.4 * torch.randn(5, 2)
+    y0, y1 = R.adjoint()(x, v)
+    z0, z1 = R(x, -v)
+    assert torch.allclose(y0, z1, atol=1e-14) and torch.allclose(y1, z0, atol=1e-14)
+    assert not R.symmetric
+    I = tgi.CotangentLiftIntegrator(R)
+    assert I.order == 1
+    H = tgi.Hamiltonian(lambda q, p: 0.5 * (p * p).sum(-1) + (1 - torch.cos(q)).sum(-1))
+    q, p = torch.tensor([[0.4, -0.2]]), torch.tensor([[0.1, 0.3]])
+    q1, p1, _ = I.step(H, q, p, 0.0, 0.1)
+    q2, p2, _ = I.adjoint().step(H, q1, p1, 0.1, -0.1)   # Φ*₋ₕ ∘ Φₕ = id
+    assert torch.allclose(q2, q, atol=1e-12) and torch.allclose(p2, p, atol=1e-12)
+
+
+def test_adjoint_keeps_a_raised_newton_limit():
+    R = tgi.RetractionMap(_retr, 0.3)
+    R.newton_max_iter = 500
+    assert R.adjoint().newton_max_iter == 500
+    assert tgi.TangentLift(R).adjoint().base.newton_max_iter == 500
+
+
+def test_bundle_maps_refuse_odd_points_and_bad_points_are_named():
+    N = tgi.NewmarkMap(0.5, 0.1, 0.1)
+    for M in (N, tgi.AdjointMap(N)):   # the adjoint lost `bundle`: (3,) in, (4,) out
+        with pytest.raises(ValueError, match="even"):
+            M(torch.ones(3), torch.ones(3))
+    H = tgi.Hamiltonian(lambda q, p: 0.5 * (p * p).sum(-1) + 0.5 * (q * q).sum(-1))
+    I = tgi.CotangentLiftIntegrator(tgi.CotangentLift(tgi.AlphaMap(0.3)))
+    with pytest.raises(ValueError, match="q0 is a point of a tangent/cotangent bundle"):
+        tgi.rollout(H, torch.ones(1, 3), torch.ones(1, 3), h=0.1, steps=1, method=I)
+    R = tgi.RetractionMap(_retr, 0.3)
+    x = torch.randn(2, 2)
+    bad = x.clone()
+    bad[0, 1] = float("nan")
+    with pytest.raises(ValueError, match="x0 contains NaN"):   # Newton's "too far apart" before
+        R.inverse(bad, x)
+    with pytest.raises(ValueError, match="v contains NaN"):
+        R(x, bad)
+    with pytest.raises(TypeError, match="real floating-point"):
+        tgi.TangentLift(R)(x.to(torch.complex128), x.to(torch.complex128))
+    with torch.inference_mode():
+        with pytest.raises(RuntimeError, match="inference_mode.*no_grad"):
+            tgi.TangentLift(R)(torch.randn(2, 4), torch.randn(2, 4))
+    assert R.check(torch.zeros(0, 2)) == {"i": 0.0, "ii": 0.0}

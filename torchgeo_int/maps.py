@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ._autograd import leaves_after, reaches_other_leaves
-from ._validate import check_even_last_dim, check_pair
+from ._validate import check_even_last_dim, check_finite, check_pair
 from .solvers import ConvergenceError, newton
 
 Tensor = torch.Tensor
@@ -60,16 +60,23 @@ class DiscretizationMap(nn.Module):
     bundle: bool = False
 
     def forward(self, x: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        check_pair(x, v, ("x", "v"))
-        if self.bundle:
-            check_even_last_dim(x, "x")
+        self._check_points(x, v, ("x", "v"))
         return self._forward(x, v)
 
     def inverse(self, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
-        check_pair(x0, x1, ("x0", "x1"))
-        if self.bundle:
-            check_even_last_dim(x0, "x0")
+        self._check_points(x0, x1, ("x0", "x1"))
         return self._inverse(x0, x1)
+
+    def _check_points(self, a, b, names):
+        # real, finite points of one shape (a NaN reached Newton's inverse as "too far apart";
+        # complex points passed here and failed deep in autograd or the solver)
+        check_pair(a, b, names)
+        for x, name in zip((a, b), names):
+            if x.is_complex():
+                raise TypeError(f"{name} must be a real floating-point tensor, got {x.dtype}")
+            check_finite(x, name)
+        if self.bundle:
+            check_even_last_dim(a, names[0])
 
     def forward_unchecked(self, x: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """``forward`` without input validation."""
@@ -134,6 +141,8 @@ class DiscretizationMap(nn.Module):
     def check(self, x: Tensor) -> dict[str, float]:
         """Residuals of Def 2.2 at the points x: ``{"i": max|R_d(x,0) − (x,x)|,
         "ii": max|D_vR²(x,0) − D_vR¹(x,0) − Id|}`` (Jacobians by autograd)."""
+        if x.numel() == 0:
+            return {"i": 0.0, "ii": 0.0}
         zero = torch.zeros_like(x)
         y0, y1 = self(x, zero)
         res_i = torch.maximum((y0 - x).abs().max(), (y1 - x).abs().max())
@@ -148,6 +157,9 @@ class DiscretizationMap(nn.Module):
         autograd (torch.func.jvp costs ~5× more per call on CPU through its decompositions);
         differentiable when grad mode is on and something it depends on requires grad (as
         ``systems.grad_of``).  Maps with a closed form override it."""
+        if torch.is_inference_mode_enabled():
+            raise RuntimeError(f"the Jacobian of {type(self).__name__} (a lift's jvp) needs autograd "
+                               "and cannot run under torch.inference_mode(); use torch.no_grad()")
         keep = torch.is_grad_enabled()
         with torch.enable_grad():
             xs = tuple(a if (keep and a.requires_grad) else a.detach().requires_grad_() for a in (x, v))
@@ -221,10 +233,17 @@ class AlphaMap(DiscretizationMap):
 
     has_closed_inverse = True
 
+    def __init_subclass__(cls, **kwargs):
+        # every closed form here (inverse, DR_d, its solves, the adjoint, the integrators' α
+        # steps) is this formula's: a subclass with another map would get all of them wrong
+        super().__init_subclass__(**kwargs)
+        if cls._forward is not AlphaMap._forward:
+            raise TypeError(f"{cls.__name__} overrides AlphaMap._forward: AlphaMap's closed forms "
+                            "(inverse, Jacobian, adjoint, the α steps) are those of "
+                            "(x − αv, x + (1−α)v); subclass DiscretizationMap for another map")
+
     def key(self) -> tuple:
-        if type(self)._forward is AlphaMap._forward:   # the named members are the same maps
-            return ("alpha", self.alpha)
-        return super().key()
+        return ("alpha", self.alpha)   # the named members are the same maps
 
     def adjoint(self) -> "AlphaMap":
         return AlphaMap(1.0 - self.alpha)
@@ -313,8 +332,13 @@ class RetractionMap(DiscretizationMap):
 
     @property
     def symmetric(self) -> bool:
-        # R_d*(x, v) = (R_x(−(1−α)v), R_x(αv)) equals R_d exactly at α = ½, whatever the retraction.
-        return self.alpha == 0.5
+        # R_d*(x, v) = (R_x(−(1−α)v), R_x(αv)) equals R_d exactly at α = ½, whatever the
+        # retraction — for this map, not a subclass with its own _forward
+        return self.alpha == 0.5 and self._plain()
+
+    def _plain(self) -> bool:
+        """Whether this is the map (R_x(−αv), R_x((1−α)v)) (a subclass may override _forward)."""
+        return type(self)._forward is RetractionMap._forward
 
     @property
     def has_closed_inverse(self) -> bool:
@@ -323,19 +347,23 @@ class RetractionMap(DiscretizationMap):
     def key(self) -> tuple:
         # The same retraction (by identity: functions do not compare by value) and the same α are
         # the same map; a closed-form inverse is the inverse of that same map.
-        if type(self)._forward is RetractionMap._forward:
+        if self._plain():
             return ("retraction", id(self.retraction), self.alpha)
         return super().key()
 
     def adjoint(self) -> DiscretizationMap:
         # R_d* is RetractionMap(1 − α) (Prop 2.5); a closed-form inverse of R_d gives R_d*'s
         # (Prop 2.5 again), so the adjoint keeps a closed form rather than falling back to Newton.
+        if not self._plain():   # another map: Prop 2.5 generically
+            return AdjointMap(self)
         inverse = None
         if self._closed_inverse is not None:
             def inverse(x0, x1, base=self._closed_inverse):
                 x, w = base(x1, x0)
                 return x, -w
-        return RetractionMap(self.retraction, 1.0 - self.alpha, inverse=inverse)
+        adj = RetractionMap(self.retraction, 1.0 - self.alpha, inverse=inverse)
+        adj.newton_max_iter = self.newton_max_iter   # a raised limit holds for the adjoint too
+        return adj
 
     def _forward(self, x, v):
         a = self.alpha
@@ -384,7 +412,7 @@ class AdjointMap(DiscretizationMap):
     def __init__(self, base: DiscretizationMap):
         super().__init__()
         self.base = base
-        self.linear = base.linear
+        self.linear, self.bundle = base.linear, base.bundle
 
     @property
     def symmetric(self) -> bool:

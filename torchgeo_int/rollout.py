@@ -13,8 +13,8 @@ import torch
 
 from ._loop import n_saved, progress_bar
 from ._loop import run_loop  # noqa: F401  (its historical home: tests and experiments import it here)
-from ._validate import (check_finite, check_int, check_nonzero, check_pair, check_placement,
-                        check_scalar, check_tensor)
+from ._validate import (check_even_last_dim, check_finite, check_int, check_nonzero, check_pair,
+                        check_placement, check_scalar, check_tensor)
 from .integrators import get_method
 from .solve import grad_mode, solve
 from .systems import Hamiltonian, System
@@ -106,6 +106,10 @@ def rollout(system, q0: torch.Tensor, p0: torch.Tensor | None = None, *, h: floa
         check_finite(p0, "p0")
         if integrator.first_order:
             raise ValueError(f"{integrator.name!r} integrates first-order systems: call rollout(system, x0)")
+    if getattr(getattr(integrator, "state_map", None), "bundle", False):
+        # a map on a tangent/cotangent bundle steps points cat([q, v|p], -1): an odd last dim
+        # was split into unequal halves, broadcast together (garbage, or a solver's shape error)
+        check_even_last_dim(q0, "x0" if first_order else "q0")
     check_placement(system, q0, "x0" if first_order else "q0")
     check_int(steps, "steps", 0)
     check_int(save_every, "save_every", 1)

@@ -29,9 +29,13 @@ class Integrator:
     symplectic: bool = True
     symmetric: bool = False
     first_order: bool = False
-    #: Whether a step with h < 0 is Φ_h⁻¹ by the same step code on (q, p) (so
-    #: ``grad="reversible"`` can reconstruct states by stepping back): cotangent-lift steps.
+    #: Whether the step code run with h < 0 inverts a step — Φ_{−h} = Φ_h⁻¹ for a symmetric
+    #: method, Φ*_h⁻¹ otherwise — so ``grad="reversible"`` (which also requires symmetry) can
+    #: reconstruct states by stepping back: cotangent-lift steps.
     steps_backward: bool = False
+    #: The discretization map on the space of the state q (x for first-order methods), if the
+    #: method is built from one: a map on a bundle then needs q of even last dim (rollout checks).
+    state_map = None
     check_state = None
     options: SolveOptions | None = None
 

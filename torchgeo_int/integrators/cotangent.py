@@ -44,7 +44,7 @@ class CotangentLiftIntegrator(ImplicitIntegrator):
                  max_iter: int | None = None, backward: str = "implicit", name: str | None = None):
         if not isinstance(R, DiscretizationMap):
             raise TypeError(f"CotangentLiftIntegrator takes a DiscretizationMap, got {type(R).__name__}")
-        self.R = R
+        self.R = self.state_map = R
         self.options = SolveOptions(solver, tol, max_iter, backward)
         self.alpha = R.alpha if isinstance(R, AlphaMap) else None
         self.symmetric = R.symmetric

@@ -117,7 +117,7 @@ class FirstOrderIntegrator(ImplicitIntegrator):
             raise TypeError(f"FirstOrderIntegrator takes a DiscretizationMap, got {type(R).__name__}")
         if form not in _FORMS:
             raise ValueError(f"form must be one of {_FORMS}, got {form!r}")
-        self.R = R
+        self.R = self.state_map = R
         self.options = SolveOptions(solver, tol, max_iter, backward)
         self.form = form
         self.alpha = R.alpha if isinstance(R, AlphaMap) else None

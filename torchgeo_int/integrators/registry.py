@@ -40,9 +40,10 @@ def register(family: str, methods: dict[str, Integrator], state: str) -> None:
 
 
 def family_of(name) -> str | None:
-    """The first family holding ``name`` (first-order names are looked up last: a shared name,
+    """The first family holding ``name``, first-order names looked up last (a shared name,
     ``implicit_midpoint``, is the Hamiltonian method unless ``first_order`` is asked for)."""
-    for family, table in FAMILIES.items():
+    # by registration order, except the first-order family, which would shadow shared names
+    for family, table in sorted(FAMILIES.items(), key=lambda kv: kv[0] == "first_order"):
         if isinstance(name, str) and name in table:
             return family
     return None
