@@ -207,3 +207,42 @@ def test_demo_tables_render_and_the_hnn_line_says_win_or_loss(tmp_path, monkeypa
 def test_readme_tables_render():
     """The README's own tables: a `|` inside a code span splits a GitHub table cell too."""
     assert assert_tables_render(README) >= 5
+
+
+def _readme_statement(start: str) -> str:
+    """The README's statement that begins with ``start`` (up to its balanced closing bracket)."""
+    i = README.index(start)
+    depth, j = 0, i
+    while True:
+        c = README[j]
+        depth += c in "([{"
+        depth -= c in ")]}"
+        j += 1
+        if depth == 0 and c in ")]}":
+            return README[i:j]
+
+
+def test_readme_fragments_run_with_their_stated_inputs():
+    """Two README lines failed as written: a Splitting of 3 kicks and 2 drifts cannot reach the
+    order 4 it declared, and the adaptive odeint call refused a batch of states (batch_dims)."""
+    scope = {"tgi": tgi, "torch": torch}
+    # Forest–Ruth's shape: 4 kicks, 3 drifts
+    th = 1 / (2 - 2 ** (1 / 3))
+    scope.update(a0=th / 2, a1=(1 - th) / 2, a2=(1 - th) / 2, a3=th / 2, b0=th, b1=1 - 2 * th, b2=th)
+    exec(_readme_statement("mine = tgi.Splitting("), scope)
+    assert scope["mine"].order == 4
+    # Kepler, a batch of two states, σ = |q|^{3/2}
+    e = torch.tensor([0.5, 0.7], dtype=torch.float64)
+    q0 = torch.stack([1 - e, torch.zeros_like(e)], -1)
+    p0 = torch.stack([torch.zeros_like(e), ((1 + e) / (1 - e)).sqrt()], -1)
+
+    def func(t, y):
+        q, p = y
+        return p, -q / q.norm(dim=-1, keepdim=True) ** 3
+
+    scope.update(q0=q0, p0=p0, func=func, t=torch.linspace(0, 1, 3, dtype=torch.float64))
+    exec(_readme_statement('ys = tgi.odeint(func, (q0, p0), t, method="yoshida4"'), scope)
+    q, p = scope["ys"]
+    assert q.shape == (3, 2, 2)
+    E = 0.5 * (p * p).sum(-1) - 1 / q.norm(dim=-1)
+    assert (E - E[0]).abs().max() < 1e-3

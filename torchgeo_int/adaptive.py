@@ -339,7 +339,7 @@ class AdaptiveTrajectory:
         Hermite interpolant over several steps would not have the declared order)."""
         if self.save_every != 1:
             raise ValueError(f"dense output needs the node of every step; this trajectory kept "
-                             f"every {self.save_every}th (save_every={self.save_every}): rerun "
+                             f"one state in {self.save_every} (save_every={self.save_every}): rerun "
                              "with save_every=1")
         return dense_output(self.system, self.t, self.q, self.p, times)
 

@@ -377,7 +377,7 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
     ``threads``: torch's intra-op CPU threads during the call, restored on return.  ``"auto"``
     (the default) uses one thread when the first batch holds at most ``SMALL_BATCH`` (65536)
     numbers — HNN-sized batches gain nothing from OpenMP threads, and on a machine shared with
-    other jobs their spin-waits made training through rollouts 16× slower — and leaves torch's
+    other jobs their spin-waits made training through rollouts many times slower — and leaves torch's
     setting otherwise; an int sets it; ``None`` leaves it alone.
 
     ``lr_schedule``: ``None`` (constant learning rates), ``"cosine"`` (every parameter group's
@@ -428,7 +428,7 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
     elif resume:
         source = Path(resume)
         if not source.is_file():
-            raise FileNotFoundError(f"resume={str(resume)!r}: no checkpoint there")
+            raise FileNotFoundError(f"no checkpoint at {resume} (fit's resume=)")
     if source is not None:
         state = load_checkpoint(source, model, opt)
         start, losses = state["step"], list(state["history"].get("loss", []))
