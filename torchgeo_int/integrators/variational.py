@@ -27,6 +27,7 @@ from ..lagrangian import (ComposedDiscreteLagrangian, DiscreteLagrangian, Lagran
 from ..maps import AlphaMap, DiscretizationMap
 from ..solvers import ConvergenceError, SolveOptions
 from .base import ImplicitIntegrator, Integrator
+from .composition import composed_order
 from .registry import register
 
 Tensor = torch.Tensor
@@ -78,7 +79,8 @@ class VariationalIntegrator(ImplicitIntegrator):
     inverse and no digits are lost forming (q_{k+1} − q_k)/h — then p_{k+1} = D₂L_d(q_k, q_{k+1}).
     A composition is solved jointly for all its stages, i.e. with its intermediate points.
     Symplectic; symmetric (order 2) when the stages are palindromic with adjoint maps, e.g. a
-    symmetric R_d, or [α, 1 − α] at equal fractions; else order 1.  A degenerate Lagrangian
+    symmetric R_d, or [α, 1 − α] at equal fractions; else order 1; order 4 for symmetric maps at
+    palindromic fractions with Σcᵢ³ = 0 (the triple jump: a composition, HLW Thm V.3.1).  A degenerate Lagrangian
     (∂²L/∂v² singular) raises ``DegenerateLagrangianError`` (a ``ValueError``).
     ``tol``, ``max_iter``, ``backward`` go to the Newton solver (implicit IFT gradients by default).
     """
@@ -99,7 +101,11 @@ class VariationalIntegrator(ImplicitIntegrator):
             raise ValueError("fractions are for a list of maps; a single map takes the whole step")
         self.maps, self.fractions = check_fractions([R] if single else R, fractions)
         self.symmetric = self._is_symmetric()
-        self.order = 2 if self.symmetric else 1
+        # Σᵢ L_d^{(i)} with its interior points stationary generates the composition of the
+        # stages' variational maps (Sect. 6), so a composition's order rule applies: symmetric
+        # maps at palindromic fractions with Σc³ = 0 (the triple jump) give order 4
+        self.order = composed_order([2 if R.symmetric else 1 for R in self.maps], self.symmetric,
+                                    all(R.symmetric for R in self.maps), self.fractions)
         self.options = SolveOptions("newton", tol, max_iter, backward)
         label = ", ".join(f"{m}" for m in self.maps)
         default = f"variational({label}; {self.fractions})"
