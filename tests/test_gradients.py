@@ -536,3 +536,69 @@ def test_lagrangian_second_derivatives_keep_a_graph_only_for_what_requires_grad(
     acc = make(m).sode().acceleration(q, v)        # q̈ = (−q v² − q)/(m + q²)
     (g,) = torch.autograd.grad(acc.sum(), m)
     assert torch.allclose(g, ((q * v ** 2 + q) / (1 + q * q) ** 2).sum(), atol=1e-12)
+
+
+# -- review 2026-12-05 ------------------------------------------------------------------------------
+class _Quartic(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.k = torch.nn.Parameter(torch.tensor(1.3, dtype=torch.float64))
+
+
+def _quartic(k):
+    return tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1),
+                                    lambda q: k * (q ** 4).sum(-1) / 4 + 0.5 * (q * q).sum(-1))
+
+
+@pytest.mark.parametrize("mode", ["checkpoint", "reversible"])
+def test_lean_modes_refuse_grad_of_grad(mode):
+    """Their backward ran without a graph, so a second derivative (create_graph=True, a
+    gradient penalty) came out as zero, silently."""
+    net = _Quartic()
+    q0 = torch.tensor([[0.5, -0.2]], dtype=torch.float64, requires_grad=True)
+    p0 = torch.tensor([[0.1, 0.3]], dtype=torch.float64)
+    q, p = tgi.rollout(_quartic(net.k), q0, p0, h=0.1, steps=8, grad=mode, params=[net.k])
+    with pytest.raises(RuntimeError, match=f"grad='{mode}' provides first-order gradients only.*grad='backprop'"):
+        torch.autograd.grad((q[-1] ** 2).sum(), q0, create_graph=True)
+
+
+@pytest.mark.parametrize("mode", ["checkpoint", "reversible"])
+def test_lean_mode_params_repeated_derived_or_empty(mode):
+    """A repeated params entry got its gradient twice; a derived tensor (k = raw.exp()) was
+    refused with the advice to pass it as params; an empty batch crashed reversible's backward;
+    a non-tensor params entry got the same misleading advice."""
+    raw = torch.tensor(0.2, dtype=torch.float64, requires_grad=True)
+    q0 = torch.tensor([[0.5, -0.2]], dtype=torch.float64)
+    p0 = torch.tensor([[0.1, 0.3]], dtype=torch.float64)
+
+    def grad_of(mode, params):
+        k = raw.exp()
+        kw = {} if mode == "backprop" else dict(grad=mode, params=params(k))
+        q, _ = tgi.rollout(_quartic(k), q0, p0, h=0.1, steps=8, **kw)
+        return torch.autograd.grad((q[-1] ** 2).sum(), raw)[0]
+
+    ref = grad_of("backprop", None)
+    for params in (lambda k: [k], lambda k: [k, k]):
+        assert torch.allclose(grad_of(mode, params), ref, rtol=1e-10, atol=0)
+    with pytest.raises(ValueError, match="a tensor and a tensor it is computed from"):
+        grad_of(mode, lambda k: [raw, k])
+    with pytest.raises(TypeError, match="params must be tensors"):
+        tgi.rollout(_quartic(1.0), q0, p0, h=0.1, steps=2, grad=mode, params=[1.0])
+    with pytest.raises(TypeError, match="params must be a list of tensors"):
+        tgi.rollout(_quartic(1.0), q0, p0, h=0.1, steps=2, grad=mode, params=raw)
+    net = _Quartic()
+    e = torch.zeros(0, 2, dtype=torch.float64, requires_grad=True)
+    q, p = tgi.rollout(_quartic(net.k), e, torch.zeros(0, 2, dtype=torch.float64), h=0.1, steps=5,
+                       grad=mode, params=[net.k])
+    ((q ** 2).sum() + net.k).backward()
+    assert e.grad.shape == (0, 2) and float(net.k.grad) == 1.0
+
+
+@pytest.mark.parametrize("mode", ["checkpoint", "reversible"])
+def test_lean_modes_name_the_step_of_a_first_step_convergence_error(mode):
+    m = tgi.METHODS["implicit_midpoint"].with_options(max_iter=3)
+    H = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1),
+                                 lambda q: 2 * (q * q).sum(-1) + 0.1 * (q ** 4).sum(-1))
+    q0 = torch.tensor([[0.5, -0.2]], dtype=torch.float64, requires_grad=True)
+    with pytest.raises(tgi.ConvergenceError, match="integrator step 0"):
+        tgi.rollout(H, q0, torch.zeros_like(q0), h=0.2, steps=4, method=m, grad=mode)

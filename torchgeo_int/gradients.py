@@ -74,7 +74,7 @@ import torch
 
 from ._loop import run_loop
 from .integrators.base import explicit_splitting
-from .solvers import default_tol
+from .solvers import ConvergenceError, _first_order_only, default_tol
 
 #: The names ``rollout(..., grad=...)`` and ``odeint``'s ``options["grad"]`` take.
 GRAD_MODES = ("backprop", "checkpoint", "reversible")
@@ -199,7 +199,7 @@ class Checkpoint(_Lean):
                             save_every=save_every, check_every=check_every, step_offset=step_offset,
                             progress=progress)
         params = (list(params) if params_checked
-                  else resolve_params(step, system, states, t0, h, params))
+                  else resolve_params(step, system, states, t0, h, params, step_offset))
         outs = [[x.unsqueeze(0)] for x in states]
         for done in range(0, steps, segment):
             n = min(segment, steps - done)
@@ -267,7 +267,7 @@ class Reversible(_Lean):
             params = []
         else:
             params = (list(params) if params_checked
-                      else resolve_params(step, system, (q0, p0), t0, h, params))
+                      else resolve_params(step, system, (q0, p0), t0, h, params, step_offset))
         spec = (step, system, h, steps, t0, save_every, check_every, reconstruction_tol, step_offset,
                 progress)
         return _Reversible.apply(spec, q0, p0, *params)
@@ -310,7 +310,7 @@ class SegmentFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        n = ctx.n_states
+        _first_order_only("grad='checkpoint'", "grad='backprop'")
         with torch.enable_grad():
             states = [x.detach().requires_grad_() for x in ctx.saved_tensors]
             traj = ctx.run(*states)
@@ -320,16 +320,33 @@ class SegmentFunction(torch.autograd.Function):
         return (None, None, *out)
 
 
-def resolve_params(step, system, states, t0, h, params=None):
+def resolve_params(step, system, states, t0, h, params=None, step_offset=0):
     """The tensors the backward pass differentiates besides the state: the system module's
-    parameters, or ``params``.  A tensor the step depends on that is in neither would silently
-    get no gradient, so one probe step's graph is searched for such leaves."""
+    parameters, or ``params`` (tensors, each once: a repeated one would get its gradient
+    twice).  A tensor the step depends on that is in neither would silently get no gradient, so
+    one probe step's graph is searched for such leaves."""
     if params is None:
         params = [w for w in system.parameters() if w.requires_grad]
-    params = list(params)
+    elif isinstance(params, torch.Tensor) or not hasattr(params, "__iter__"):
+        raise TypeError("params must be a list of tensors (e.g. list(module.parameters())), got "
+                        f"{type(params).__name__}")
+    params = list({id(w): w for w in params}.values())
+    for w in params:
+        if not isinstance(w, torch.Tensor):
+            raise TypeError(f"params must be tensors, got a {type(w).__name__}")
+    # those that do not require grad have no gradient to get (torchdiffeq's adjoint_params too)
+    params = [w for w in params if w.requires_grad]
+    ids = {id(w) for w in params}
+    for w in params:   # k = raw.exp() and raw both: raw's gradient would be counted twice
+        if w.grad_fn is not None and any(id(x) in ids for x in _untracked_leaves([w], [])):
+            raise ValueError("params holds a tensor and a tensor it is computed from; pass one "
+                             "of them (the derived one's gradient flows on to its leaves)")
     with torch.enable_grad():
         xs = [x.detach().requires_grad_() for x in states]
-        out = step(system, xs[0], xs[1] if len(xs) > 1 else None, t0, h, None)
+        try:
+            out = step(system, xs[0], xs[1] if len(xs) > 1 else None, t0, h, None)
+        except ConvergenceError as err:   # the probe is the run's first step
+            raise err.with_step(step_offset) from None
     check_tracked(out[:2], [*xs, *params])
     return params
 
@@ -351,12 +368,15 @@ def check_tracked(outputs, known):
 
 
 def _untracked_leaves(outputs, known):
-    """Leaf tensors requiring grad that ``outputs`` depend on but that are not in ``known``."""
+    """Leaf tensors requiring grad that ``outputs`` depend on but that are not in ``known``.
+    The walk stops at a known tensor's own node: a derived tensor given as a parameter (k =
+    raw.exp()) gets its gradient, which flows on to its leaves."""
     known_ids = {id(x) for x in known}
+    stops = {x.grad_fn for x in known if x.grad_fn is not None}
     seen, stack, found = set(), [o.grad_fn for o in outputs if o.grad_fn is not None], []
     while stack:
         fn = stack.pop()
-        if fn is None or fn in seen:
+        if fn is None or fn in seen or fn in stops:
             continue
         seen.add(fn)
         var = getattr(fn, "variable", None)
@@ -381,6 +401,7 @@ class _Reversible(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, gqs, gps):
+        _first_order_only("grad='reversible'", "grad='backprop'")
         step, system, h, steps, t0, save_every, check_every, tol, _, _ = ctx.spec
         q0, p0, qN, pN = ctx.saved_tensors
         back = None   # the −h steps' own cache (FSAL force, warm start) carries from step to step
@@ -430,6 +451,9 @@ def check_reconstruction(x, x0, tol, what):
     """Warn when the reconstructed initial (q, p) (the first two of ``x``) is off from ``x0`` by
     more than ``tol``, relative to the state's scale; ``what``: the run ("1000 steps")."""
     q0, p0 = x0
+    if q0.numel() == 0:   # an empty batch: nothing to reconstruct
+        return
+    q0, p0 = q0.detach(), p0.detach()
     scale = float(torch.maximum(q0.abs().max(), p0.abs().max())) + 1.0
     err = max(float((a - b).abs().max()) for a, b in zip(x[:2], x0)) / scale
     if err > tol:

@@ -349,13 +349,15 @@ def residual_of(new, old, diff=True):
     return r
 
 
-def _first_order_only(name):
+def _first_order_only(name, remedy="backward='unroll'"):
+    """Refuse grad of grad in a backward that gives first-order gradients only (its result
+    would otherwise be taken as a constant: second derivatives of zero, silently)."""
     # Grad mode is on inside a backward iff it runs with create_graph=True.
     if torch.is_grad_enabled():
         raise RuntimeError(
-            f"{name}(backward='implicit') provides first-order gradients only; a backward pass "
-            f"with create_graph=True (grad of grad) through it is not supported. Use "
-            f"backward='unroll' for higher-order gradients.")
+            f"{name} provides first-order gradients only; a backward pass with "
+            f"create_graph=True (grad of grad) through it is not supported. Use {remedy} for "
+            f"higher-order gradients.")
 
 
 class _Adjoint:
@@ -398,7 +400,7 @@ class _FixedPointAdjoint(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        _first_order_only("fixed_point")
+        _first_order_only("fixed_point(backward='implicit')")
         with torch.no_grad():
             u = ctx.spec.solve(ctx.saved_tensors, grads)
         return (None, None, *u, *(None,) * ctx.n)
@@ -487,7 +489,7 @@ class _FirstOrderOnly(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        _first_order_only("newton")
+        _first_order_only("newton(backward='implicit')")
         return g
 
 
