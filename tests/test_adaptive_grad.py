@@ -217,3 +217,16 @@ def test_lean_modes_differentiate_a_learnable_control():
     assert ref.abs() > 0
     assert torch.allclose(grad("checkpoint"), ref, rtol=1e-10)
     assert torch.allclose(grad("reversible"), ref, rtol=1e-9)
+
+
+@pytest.mark.parametrize("grad", ["checkpoint", "reversible"])
+def test_adaptive_lean_modes_refuse_grad_of_grad(grad):
+    """Their backward runs without a graph: a second derivative would be zero, silently."""
+    H = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: -1 / q.norm(dim=-1))
+    q0 = torch.tensor([[0.4, 0.0]], dtype=torch.float64, requires_grad=True)
+    p0 = torch.tensor([[0.0, 2.0]], dtype=torch.float64)
+    tr = tgi.rollout(H, q0, p0, h=0.05, steps=10, method="verlet",
+                     step_control=tgi.power_law_control(1.5), grad=grad)
+    q, _ = tr
+    with pytest.raises(RuntimeError, match="first-order gradients only"):
+        torch.autograd.grad((q[-1] ** 2).sum(), q0, create_graph=True)
