@@ -81,7 +81,7 @@ from ._validate import (broadcasts_to, check_finite, check_int, check_nonzero, c
 from .integrators import METHODS, TABLES, Composition, get_method
 from .gradients import SegmentFunction, check_reconstruction, reverse_sweep
 from .integrators.base import explicit_splitting
-from .solvers import ConvergenceError, _first_order_only, default_tol
+from .solvers import ConvergenceError, default_tol, first_order_only
 from .systems import Hamiltonian, SeparableHamiltonian, System, grad_of
 
 Tensor = torch.Tensor
@@ -533,7 +533,7 @@ class _ReversibleSteps(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *gframes):
-        _first_order_only("grad='reversible'", "grad='backprop'")
+        first_order_only("grad='reversible'", "grad='backprop'")
         vs, kw, info = ctx.spec
         eps, save_every, tol = kw["eps"], kw["save_every"], info["tol"]
         if isinstance(tol, tuple):

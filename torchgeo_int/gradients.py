@@ -74,7 +74,7 @@ import torch
 
 from ._loop import run_loop
 from .integrators.base import explicit_splitting
-from .solvers import ConvergenceError, _first_order_only, default_tol
+from .solvers import ConvergenceError, default_tol, first_order_only
 
 #: The names ``rollout(..., grad=...)`` and ``odeint``'s ``options["grad"]`` take.
 GRAD_MODES = ("backprop", "checkpoint", "reversible")
@@ -310,7 +310,7 @@ class SegmentFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        _first_order_only("grad='checkpoint'", "grad='backprop'")
+        first_order_only("grad='checkpoint'", "grad='backprop'")
         with torch.enable_grad():
             states = [x.detach().requires_grad_() for x in ctx.saved_tensors]
             traj = ctx.run(*states)
@@ -401,7 +401,7 @@ class _Reversible(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, gqs, gps):
-        _first_order_only("grad='reversible'", "grad='backprop'")
+        first_order_only("grad='reversible'", "grad='backprop'")
         step, system, h, steps, t0, save_every, check_every, tol, _, _ = ctx.spec
         q0, p0, qN, pN = ctx.saved_tensors
         back = None   # the −h steps' own cache (FSAL force, warm start) carries from step to step

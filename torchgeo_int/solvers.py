@@ -349,7 +349,7 @@ def residual_of(new, old, diff=True):
     return r
 
 
-def _first_order_only(name, remedy="backward='unroll'"):
+def first_order_only(name, remedy="backward='unroll'"):
     """Refuse grad of grad in a backward that gives first-order gradients only (its result
     would otherwise be taken as a constant: second derivatives of zero, silently)."""
     # Grad mode is on inside a backward iff it runs with create_graph=True.
@@ -400,7 +400,7 @@ class _FixedPointAdjoint(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        _first_order_only("fixed_point(backward='implicit')")
+        first_order_only("fixed_point(backward='implicit')")
         with torch.no_grad():
             u = ctx.spec.solve(ctx.saved_tensors, grads)
         return (None, None, *u, *(None,) * ctx.n)
@@ -489,7 +489,7 @@ class _FirstOrderOnly(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        _first_order_only("newton(backward='implicit')")
+        first_order_only("newton(backward='implicit')")
         return g
 
 
