@@ -379,8 +379,8 @@ class RetractionMap(DiscretizationMap):
         return x, v
 
     def _check_closed_inverse(self, x0, x1, x, v):
-        """R_d(R_d⁻¹(x₀, x₁)) = (x₀, x₁) on the first pairs the closed form sees (one host sync
-        per map, not per step)."""
+        """R_d(inverse(y₀, y₁)) = (y₀, y₁) on the image pairs (y₀, y₁) = R_d(inverse(x₀, x₁)) of
+        the first pairs the closed form sees (one host sync per map, not per step)."""
         for name, a in (("x", x), ("v", v)):
             if not isinstance(a, Tensor) or a.shape != x0.shape:
                 raise ValueError(f"the closed-form inverse of {self!r} must return (x, v) of the "
