@@ -253,6 +253,20 @@ def test_adjoint_methods():
     assert all(torch.allclose(x, y, atol=1e-13) for x, y in zip(a, b))
 
 
+def test_an_adjoint_keeps_every_solve_option():
+    """check_every and fuse too, not only the options the constructors take."""
+    opts = dict(solver="newton", tol=1e-9, max_iter=17, backward="unroll", check_every=3,
+                fuse=False)
+    methods = [tgi.CotangentLiftIntegrator(tgi.AlphaMap(0.3)),
+               tgi.FirstOrderIntegrator(tgi.AlphaMap(0.3)),
+               tgi.TangentLiftSODE(tgi.AlphaMap(0.3)), tgi.Newmark(0.5, 0.25),
+               tgi.VariationalIntegrator(tgi.AlphaMap(0.3)),
+               tgi.manifolds.LieGroupIntegrator("cayley", 0.3)]
+    for m in methods:
+        m = m.with_options(**opts)
+        assert m.adjoint().options == m.options, type(m).__name__
+
+
 def test_time_dependent_hamiltonian():
     """A driven oscillator H = p²/2 + q²/2 − q sin(t): methods converge at their order."""
     system = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1),

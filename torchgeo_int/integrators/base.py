@@ -48,6 +48,12 @@ class Integrator:
         out.options = self.options.replace(**changes)
         return out
 
+    def _options_to(self, other: "Integrator") -> "Integrator":
+        """``other`` (an adjoint, say) with all of this method's :class:`SolveOptions`:
+        ``check_every`` and ``fuse`` too, not only those its constructor takes."""
+        other.options = self.options
+        return other
+
     def key(self) -> tuple:
         """The method's identity by value (default: this object)."""
         return (type(self).__name__, id(self))

@@ -53,8 +53,7 @@ class CotangentLiftIntegrator(ImplicitIntegrator):
         self._lift = None if self.alpha is not None else CotangentLift(R)
 
     def adjoint(self):
-        return CotangentLiftIntegrator(self.R.adjoint(), solver=self.solver, tol=self.tol,
-                                       max_iter=self.max_iter, backward=self.backward)
+        return self._options_to(CotangentLiftIntegrator(self.R.adjoint()))
 
     def splitting(self):
         if self.alpha == 0.0:

@@ -129,8 +129,7 @@ class FirstOrderIntegrator(ImplicitIntegrator):
 
     def adjoint(self) -> "FirstOrderIntegrator":
         """The method of R_d* (Prop 2.5): Φ*_h = Φ_{−h}⁻¹; θ ↦ 1 − θ on the α-family."""
-        return FirstOrderIntegrator(self.R.adjoint(), solver=self.solver, tol=self.tol,
-                                    max_iter=self.max_iter, backward=self.backward, form=self.form)
+        return self._options_to(FirstOrderIntegrator(self.R.adjoint(), form=self.form))
 
     def key(self) -> tuple:
         # the α-family runs one stage form whatever ``form``; other maps run the chosen form

@@ -258,8 +258,7 @@ class TangentLiftSODE(SODEIntegrator):
                          backward=backward, name=name or f"tangent_lift_sode({R})", solver=solver)
 
     def adjoint(self):
-        return TangentLiftSODE(self.base_map.adjoint(), solver=self.solver, tol=self.tol,
-                               max_iter=self.max_iter, backward=self.backward)
+        return self._options_to(TangentLiftSODE(self.base_map.adjoint()))
 
     def key(self) -> tuple:
         return ("tangent_lift_sode", self.base_map.key())
@@ -325,8 +324,7 @@ class Newmark(SODEIntegrator):
         return self.beta == 0.0 and (self.gamma == 0.0 or not _velocity_dependent(system))
 
     def adjoint(self):
-        return Newmark(1.0 - self.gamma, 0.5 - self.gamma + self.beta, solver=self.solver,
-                       tol=self.tol, max_iter=self.max_iter, backward=self.backward)
+        return self._options_to(Newmark(1.0 - self.gamma, 0.5 - self.gamma + self.beta))
 
     def key(self) -> tuple:
         """Same method (lets ``tgi.Composition`` recognise palindromic, symmetric compositions)."""

@@ -119,9 +119,8 @@ class VariationalIntegrator(ImplicitIntegrator):
                    for (R, c), (R2, c2) in zip(pairs, reversed(pairs)))
 
     def adjoint(self) -> "VariationalIntegrator":
-        return type(self)([R.adjoint() for R in reversed(self.maps)],
-                          list(reversed(self.fractions)), tol=self.tol,
-                          max_iter=self.max_iter, backward=self.backward)
+        return self._options_to(type(self)([R.adjoint() for R in reversed(self.maps)],
+                                           list(reversed(self.fractions))))
 
     def key(self) -> tuple:
         key = ("variational", tuple(R.key() for R in self.maps), tuple(self.fractions))

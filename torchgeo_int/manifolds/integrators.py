@@ -102,9 +102,7 @@ class LieGroupIntegrator(ImplicitIntegrator):
         return self.options.solve(F, z0, args)
 
     def adjoint(self):
-        return LieGroupIntegrator(self.tau_name, 1.0 - self.alpha, solver=self.solver,
-                                  tol=self.tol, max_iter=self.max_iter, backward=self.backward,
-                                  check_every=self.check_every)
+        return self._options_to(LieGroupIntegrator(self.tau_name, 1.0 - self.alpha))
 
     def key(self) -> tuple:
         return ("lie_group", self.tau_name, self.alpha)
