@@ -94,3 +94,17 @@ def test_constraints_longtime_quick(tmp_path):
     assert rep["steps_done"] == 40 and len(rep["energy_err_per_tenth"]) == 10
     assert rep["max_g"] < 1e-12 and rep["max_hidden"] < 1e-12
     assert json.loads((tmp_path / "constraints_longtime.json").read_text())["max_g"] == rep["max_g"]
+
+
+def test_forced_losses_name_a_dtype_mismatch():
+    """A float32 model with float64 windows: the library's placement error, not torch's matmul
+    message from inside the network."""
+    import pytest
+    m = PortHamiltonianNN(1, width=8).float()
+    q, p = torch.randn(3, 4, 1, dtype=DT), torch.randn(3, 4, 1, dtype=DT)
+    with pytest.raises(TypeError, match="float32 but q is torch.float64"):
+        forced_residual_loss(m, q, p, dt=0.1)
+    with pytest.raises(TypeError, match="float32 but q is torch.float64"):
+        forced_derivative_loss(m, q, p, q, p)
+    with pytest.raises(TypeError, match="float32 but q is torch.float64"):
+        forced_rollout_loss(m, q, p, dt=0.1)

@@ -251,6 +251,51 @@ def test_checkpoint_resume_is_bit_identical(tmp_path):
     assert blob["step"] == 10 and len(blob["history"]["loss"]) == 10
 
 
+@pytest.mark.parametrize("stop", [2, 6])        # inside the first epoch, inside the second
+def test_resume_with_a_shuffling_data_loader_is_bit_identical(tmp_path, stop):
+    """A DataLoader(shuffle=True) draws its order from the global RNG when its iteration starts:
+    the resumed epoch must see the rest of the interrupted run's order, not a new one."""
+    from torch.utils.data import DataLoader, TensorDataset
+    _, q, p = _pendulum_trajectories(B=4, T=9)
+    data = make_windows(q, p, 2)           # 28 windows, batches of 8: 4 per epoch
+
+    def loader():
+        return DataLoader(TensorDataset(*data), batch_size=8, shuffle=True)
+
+    def seen(log):
+        return lambda m, a, b: (log.append(a[:, 0, 0].clone()), _noisy_loss(m, a, b))[1]
+
+    torch.manual_seed(3)
+    ref = SeparableHNN(1, **TINY)
+    init = {k: v.clone() for k, v in ref.state_dict().items()}
+    full_log, part_log = [], []
+    full = fit(ref, seen(full_log), loader(), steps=10, seed=7, progress=False)
+    ck = tmp_path / "ck.pt"
+    first = SeparableHNN(1, **TINY)
+    first.load_state_dict(init)
+    fit(first, seen(part_log), loader(), steps=stop, seed=7, progress=False, checkpoint=ck)
+    torch.randn(100)                         # disturb the global RNG between the two runs
+    second = SeparableHNN(1, **TINY)
+    rest = fit(second, seen(part_log), loader(), steps=10, seed=7, progress=False,
+               checkpoint=ck, resume=True)
+    assert all(torch.equal(a, b) for a, b in zip(full_log, part_log)) and len(part_log) == 10
+    for (k, a), b in zip(ref.state_dict().items(), second.state_dict().values()):
+        assert torch.equal(a, b), k
+    assert rest["loss"] == full["loss"]
+
+
+def test_a_checkpoint_refuses_what_it_could_not_load(tmp_path):
+    import pathlib
+    model = HNN(1, **TINY)
+    with pytest.raises(TypeError, match=r"extra\['run_dir'\] is a PosixPath.*str\(path\)"):
+        save_checkpoint(tmp_path / "c.pt", model, None, step=3,
+                        extra={"run_dir": pathlib.Path(tmp_path), "ok": [1, "a", None]})
+    assert not (tmp_path / "c.pt").exists()
+    save_checkpoint(tmp_path / "c.pt", model, None, step=3,
+                    extra={"run_dir": str(tmp_path), "ok": [1, "a", None, (2.0, torch.ones(2))]})
+    assert load_checkpoint(tmp_path / "c.pt", model)["extra"]["run_dir"] == str(tmp_path)
+
+
 def test_checkpoint_functions_and_resume_errors(tmp_path):
     model = HNN(1, **TINY)
     opt = torch.optim.Adam(model.parameters())

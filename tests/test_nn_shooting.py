@@ -526,6 +526,23 @@ def test_lazy_adam_is_adam_on_dense_groups_and_on_full_gradients(wd):
         torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_lazy_adam_in_half_precision_moves_like_adam(dtype):
+    """The step counts and bias corrections are not kept in the parameter's dtype: in bfloat16
+    β₂ = 0.999 rounds to 1 (no update), and the counts stop at 256 / 2048."""
+    from torchgeo_int.nn import LazyAdam
+    for rows in (False, True):
+        a = torch.nn.Parameter(torch.zeros(4, 3, dtype=dtype))
+        b = torch.nn.Parameter(torch.zeros(4, 3, dtype=dtype))
+        ref, lazy = torch.optim.Adam([a], lr=1e-3), LazyAdam([b], lr=1e-3, rows=rows)
+        for _ in range(3000):
+            a.grad, b.grad = torch.ones_like(a), torch.ones_like(b)
+            ref.step()
+            lazy.step()
+        assert float(lazy.state[b]["step"].flatten()[0]) == 3000
+        torch.testing.assert_close(b.float(), a.float(), rtol=0.02, atol=0.0)
+
+
 def test_lazy_adam_leaves_rows_the_gradient_does_not_reach():
     """torch.optim.Adam keeps moving a row after its last gradient (its first moment is not 0);
     LazyAdam leaves it where it was, and a revisited row continues with its own bias correction."""

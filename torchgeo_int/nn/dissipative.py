@@ -28,7 +28,7 @@ from ..forced import ForcedSystem
 from ..maps import DiscretizationMap
 from ..rollout import rollout
 from .losses import check_data, check_layout, map_pairs
-from .._validate import check_int, check_nonzero, check_real
+from .._validate import check_int, check_nonzero, check_placement, check_real
 from .modules import HNN, MLP, MechanicalHNN, SeparableHNN, TrilFill
 
 Tensor = torch.Tensor
@@ -158,12 +158,14 @@ def _set_control(model, control):
 
 def forced_rollout_loss(model, q: Tensor, p: Tensor, *, dt: float, control=None, method="verlet",
                         substeps: int = 1, layout: str | None = None, **rollout_options) -> Tensor:
-    r"""½ mean |Φ^{∘j}(x₀) − x_j|² over windows ``(N, k + 1, n)``, Φ = ``substeps`` steps of
-    ``method`` on the forced model with step dt/substeps, from t = 0 at each window's start.
+    r"""(1 / 2knN) Σ |Φ^{∘j}(x₀) − x_j|² over windows ``(N, k + 1, n)`` (½ the mean over every
+    coordinate, as :func:`~torchgeo_int.nn.rollout_loss`), Φ = ``substeps`` steps of ``method``
+    on the forced model with step dt/substeps, from t = 0 at each window's start.
     ``layout``: as :func:`~torchgeo_int.nn.rollout_loss`'s (time-first data are refused)."""
     dt = check_nonzero(dt, "dt")
     q, p = check_layout(q, p, layout, "forced_rollout_loss")
     check_data(q, p, names=("q", "p"), ndim=3, min_len=2)
+    check_placement(model, q, "q")
     check_int(substeps, "substeps", 1)
     k = q.shape[1] - 1
     _set_control(model, control)
@@ -189,6 +191,7 @@ def forced_residual_loss(model, q: Tensor, p: Tensor, *, dt: float, control=None
     matching).  The force is evaluated at the base time t_j + αh (α of R, ½ otherwise).
     ``layout``: as :func:`~torchgeo_int.nn.residual_loss`'s."""
     q, p = check_layout(q, p, layout, "forced_residual_loss")
+    check_placement(model, q, "q")
     dt, R, n, base, tangent = map_pairs(q, p, dt, R)
     a = float(getattr(R, "alpha", 0.5))
     U = _stacked_control(control, [(j + a) * dt for j in range(q.shape[1] - 1)], q)
@@ -200,9 +203,11 @@ def forced_residual_loss(model, q: Tensor, p: Tensor, *, dt: float, control=None
 
 def forced_derivative_loss(model, q: Tensor, p: Tensor, dq: Tensor, dp: Tensor, *,
                            dt: float | None = None, control=None) -> Tensor:
-    r"""Derivative matching ½ mean |(X_{H_θ} + F_θ^v)(x_j) − (dq, dp)_j|² at the observed states of
+    r"""Derivative matching (1 / 2nP) Σ |(X_{H_θ} + F_θ^v)(x_j) − (dq, dp)_j|² (½ the mean over every
+    coordinate, as :func:`~torchgeo_int.nn.derivative_loss`) at the P observed states of
     windows ``(N, L, n)``; a callable control is evaluated at t_j = j·dt (so it needs ``dt``)."""
     check_data(q, p, dq, dp, names=("q", "p", "dq", "dp"), ndim=3)
+    check_placement(model, q, "q")
     if callable(control):
         if dt is None:
             raise ValueError("a callable control u(t) is evaluated at the states' times t_j = j·dt: "

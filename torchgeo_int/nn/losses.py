@@ -198,8 +198,10 @@ def residual_loss(model, q: Tensor, p: Tensor, *, dt: float, R: DiscretizationMa
 
 
 def derivative_loss(model, q: Tensor, p: Tensor, dq: Tensor, dp: Tensor) -> Tensor:
-    r"""Derivative matching (Greydanus et al. 2019): mean |X_{H_θ}(q, p) − (dq, dp)|² over points
-    ``(..., n)`` (any leading dims) — the HNN paper's L2 loss on the time derivatives."""
+    r"""Derivative matching (Greydanus et al. 2019): ½ (mean (X^q_{H_θ} − dq)² + mean (X^p_{H_θ} −
+    dp)²), the means over every coordinate of points ``(..., n)`` (any leading dims), i.e.
+    (1 / 2nP) Σ |X_{H_θ}(q, p) − (dq, dp)|² over the P points — the HNN paper's L2 loss on the
+    time derivatives, in :func:`rollout_loss`'s units."""
     system = as_system(model)
     check_data(q, p, dq, dp, names=("q", "p", "dq", "dp"))
     check_placement(system, q, "q")

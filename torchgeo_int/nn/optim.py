@@ -87,9 +87,11 @@ class LazyAdam(torch.optim.Optimizer):
                 state = self.state[p]
                 if not state:
                     shape = (p.shape[:-1] if p.dim() > 1 else p.shape) if rows else ()
-                    state["step"] = torch.zeros(shape, dtype=p.dtype, device=p.device)
+                    state["step"] = torch.zeros(shape, dtype=_count_dtype(p), device=p.device)
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                elif state["step"].dtype != _count_dtype(p):   # saved by a version counting in p's dtype
+                    state["step"] = state["step"].to(_count_dtype(p))
                 if rows:
                     g = grad if p.dim() > 1 else grad.unsqueeze(-1)
                     mask = g.ne(0).any(-1)                    # the rows the gradient reaches
@@ -126,10 +128,17 @@ class LazyAdam(torch.optim.Optimizer):
         m_r = m[mask].lerp_(g, 1 - beta1)
         v_r = v[mask].mul_(beta2).addcmul_(g, g, value=1 - beta2)
         m[mask], v[mask] = m_r, v_r
-        bc1 = 1 - beta1 ** t
-        bc2_sqrt = (1 - beta2 ** t).sqrt()
+        # in the count's dtype, then p's: in bfloat16 β₂ = 0.999 rounds to 1 (no update at all)
+        bc1 = (1 - beta1 ** t).to(p.dtype)
+        bc2_sqrt = (1 - beta2 ** t).sqrt().to(p.dtype)
         denom = (v_r.sqrt() / bc2_sqrt).add_(eps)
         P[mask] = P[mask] - (lr / bc1) * m_r / denom
+
+
+def _count_dtype(p: Tensor) -> torch.dtype:
+    """The dtype of the step counts: float64 (exact counts, bias corrections as torch.optim.Adam
+    computes them) where the device has it; a count in bfloat16/float16 stops at 256/2048."""
+    return torch.float32 if p.device.type == "mps" else torch.float64
 
 
 __all__ = ["LazyAdam"]

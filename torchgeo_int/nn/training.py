@@ -161,6 +161,8 @@ class _LoaderBatches:
 
     def __init__(self, loader):
         self.loader = loader
+        #: the torch RNG states at the start of the current epoch (checkpoints keep them)
+        self.rng_at_epoch = None
         try:
             self._len = len(loader)
         except TypeError:
@@ -171,13 +173,27 @@ class _LoaderBatches:
     def __len__(self):
         return self._len
 
-    def epoch(self, e, start=0):
+    def epoch(self, e, start=0, rng_at_epoch=None):
+        """The batches of epoch ``e`` from batch ``start`` on.  A shuffling loader draws its
+        order from the global RNG when its iteration starts; to skip ``start`` batches and see
+        the rest of the same order (a resume), the loader starts from ``rng_at_epoch``, the
+        states it started from in the interrupted run, and the current states come back before
+        the first batch is yielded."""
         sampler = getattr(self.loader, "sampler", None)
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(e)
-        for i, batch in enumerate(self.loader):
-            if i >= start:
-                yield tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+        now = None
+        if start and rng_at_epoch is not None:
+            now = _rng_state()
+            _set_rng_state(rng_at_epoch)
+        self.rng_at_epoch = _rng_state()
+        batches = iter(self.loader)
+        for _ in range(start):       # the skipped batches draw what they drew the first time
+            next(batches, None)
+        if now is not None:          # the next batch is fetched after the interrupted run's step
+            _set_rng_state(now)
+        for batch in batches:
+            yield tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
 
 
 def _as_batches(data, batch_size, shuffle, seed):
@@ -209,9 +225,10 @@ def _rng_state() -> dict:
 
 
 def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
+    # RNG states are CPU byte tensors, wherever load_checkpoint's map_location put them
+    torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
 def _skeleton(obj, at=""):
@@ -257,6 +274,26 @@ def _invalid(path, why) -> CheckpointError:
     return CheckpointError(f"{path} is not a valid torchgeo_int checkpoint ({why})")
 
 
+def _check_loadable(obj, at: str) -> None:
+    """Refuses what ``torch.load(weights_only=True)`` would refuse, before the file is written
+    (a written file that cannot be loaded is reported as damaged)."""
+    if obj is None or isinstance(obj, (Tensor, bool, int, float, complex, str)):
+        return
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if not isinstance(k, (str, int)):
+                raise TypeError(f"a checkpoint's {at} keys must be str or int, got {type(k).__name__}")
+            _check_loadable(v, f"{at}[{k!r}]")
+        return
+    if isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            _check_loadable(v, f"{at}[{i}]")
+        return
+    raise TypeError(f"a checkpoint's {at} is a {type(obj).__name__}; it takes tensors, Python "
+                    f"numbers, str, None and lists, tuples and dicts of those (loaded with "
+                    f"weights_only=True): convert it, e.g. str(path)")
+
+
 def save_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | None, *, step: int,
                     history: dict | None = None, extra: dict | None = None) -> Path:
     """Write model, optimizer, torch RNG states, step and history to ``path`` (atomically: a
@@ -264,6 +301,7 @@ def save_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
     Every entry is a tensor, a Python scalar/str or a container of those, so the file loads with
     ``torch.load(path, weights_only=True)``; ``"checksums"`` holds the SHA-256 of every tensor
     and of the rest, which :func:`load_checkpoint` verifies."""
+    _check_loadable(extra or {}, "extra")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     blob = {
@@ -369,7 +407,9 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
     ``resume=True`` continues from ``checkpoint`` if the file exists (else starts fresh);
     ``resume=<path>`` continues from that file (which must exist).  Resuming restores model,
     optimizer, RNG, step and loss history: k steps, save, load, N − k steps gives bit-for-bit the
-    parameters of N uninterrupted steps (same data, deterministic kernels).
+    parameters of N uninterrupted steps (same data, deterministic kernels; a shuffling data
+    loader resumes its interrupted epoch's order: the checkpoint keeps the RNG states the epoch
+    started from).
     The loss is synced to the host every ``log_every`` steps only; a non-finite loss raises
     ``FloatingPointError`` naming the steps.  ``progress``: a tqdm bar labelled ``desc`` (steps,
     and the last logged loss).
@@ -419,7 +459,7 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
     total = steps if steps is not None else epochs * per_epoch
     opt = optimizer if optimizer is not None else make_optimizer(model, lr=lr, weight_decay=weight_decay)
 
-    start, losses = 0, []
+    start, losses, rng_at_epoch = 0, [], None
     source = None
     if resume is True:
         if checkpoint is None:
@@ -432,13 +472,16 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
     if source is not None:
         state = load_checkpoint(source, model, opt)
         start, losses = state["step"], list(state["history"].get("loss", []))
+        rng_at_epoch = state["extra"].get("rng_at_epoch")
     else:
         torch.manual_seed(seed)
 
     def save(at):
         if checkpoint is not None and is_main_process():
-            save_checkpoint(checkpoint, model, opt, step=at, history={"loss": losses},
-                            extra={"seed": seed, "total": total})
+            extra = {"seed": seed, "total": total}
+            if getattr(batches, "rng_at_epoch", None) is not None:   # a loader's (see its epoch)
+                extra["rng_at_epoch"] = batches.rng_at_epoch
+            save_checkpoint(checkpoint, model, opt, step=at, history={"loss": losses}, extra=extra)
 
     bar = _progress_bar(total, min(start, total), desc, progress)
     pending: list[Tensor] = []
@@ -465,7 +508,8 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
     try:
         epoch, pos = divmod(step, per_epoch)
         while step < total and stopped == "steps":
-            for batch in batches.epoch(epoch, pos):
+            resumed = (rng_at_epoch,) if pos and isinstance(batches, _LoaderBatches) else ()
+            for batch in batches.epoch(epoch, pos, *resumed):
                 if threads is not None and step == start:
                     small = threads == "auto" and _batch_numel(batch) <= SMALL_BATCH
                     if small or isinstance(threads, int):
