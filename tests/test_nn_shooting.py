@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import torchgeo_int as tgi
-from torchgeo_int.nn import (CorrectedHamiltonian, ModifiedHamiltonian, SeparableHNN, TrajectoryFit,
+from torchgeo_int.nn import (CorrectedHamiltonian, InverseModifiedHamiltonian, ModifiedHamiltonian,
+                             SeparableHNN, TrajectoryFit,
                              correct_hamiltonian, fit, hamiltonian_error, modified_hamiltonian,
                              rollout_mse)
 from torchgeo_int.nn.correction import SERIES
@@ -396,6 +397,45 @@ def _exact_modified_oscillator(method, h):
     return lambda q, p: 2 * math.atan(h / 2) / h * 0.5 * (q * q + p * p).sum(-1)
 
 
+def _exactly_trained_oscillator(method, h):
+    """The quadratic H_θ whose ``method`` step at h IS the oscillator's exact time-h rotation:
+    what a model trained through the method on exact data of H = (q² + p²)/2 converges to (the
+    test checks the step)."""
+    if method == "verlet":                        # kick–drift–kick
+        a, b = math.sin(h) / h, 2 * math.tan(h / 2) / h
+        return lambda q, p: 0.5 * (a * (p * p).sum(-1) + b * (q * q).sum(-1))
+    if method == "implicit_midpoint":             # rotates by 2 atan(ch/2)
+        c = 2 * math.tan(h / 2) / h
+        return lambda q, p: 0.5 * c * (q * q + p * p).sum(-1)
+    a, g = math.tan(h) / h, (1 / math.cos(h) - 1) / h
+    g = g if method == "symplectic_euler" else -g
+    return lambda q, p: 0.5 * a * (q * q + p * p).sum(-1) + g * (q * p).sum(-1)
+
+
+@pytest.mark.parametrize("method", sorted(SERIES))
+def test_the_correction_of_an_exactly_trained_model_recovers_the_true_h(method):
+    """A model trained through Φ_h converges to H_θ with Φ_h[H_θ] = φ_h[H]: H̃_h[H_θ] = H, so
+    H_θ ≈ H − h^p H_p.  The correction H_θ + Δ_h[H_θ] recovers H to O(h^r), r the truncation
+    order; the other direction, H_θ − Δ_h[H_θ], doubles the model's error instead."""
+    H = _oscillator()
+    Q, P = _grid()
+    p_order, rest = SERIES[method]
+    errs = []
+    for h in (0.2, 0.1):
+        model = tgi.Hamiltonian(_exactly_trained_oscillator(method, h))
+        q0, p0 = torch.tensor([[0.7]]), torch.tensor([[0.2]])
+        q, p = tgi.rollout(model, q0, p0, h=h, steps=1, method=method)
+        exact = (0.7 * math.cos(h) + 0.2 * math.sin(h), -0.7 * math.sin(h) + 0.2 * math.cos(h))
+        assert abs(float(q[1, 0, 0]) - exact[0]) + abs(float(p[1, 0, 0]) - exact[1]) < 1e-14
+        raw = float(hamiltonian_error(model, H.energy, Q, P))
+        corrected = float(hamiltonian_error(correct_hamiltonian(model, method, h), H.energy, Q, P))
+        wrong_way = float(hamiltonian_error(InverseModifiedHamiltonian(model, method, h, iterations=1),
+                                            H.energy, Q, P))
+        errs.append(corrected)
+        assert corrected < 0.05 * raw and wrong_way > 1.5 * raw
+    assert 0.75 * 2 ** rest < errs[0] / errs[1] < 1.3 * 2 ** rest
+
+
 def _grid():
     g = torch.linspace(-1, 1, 7)
     Q, P = torch.meshgrid(g, g, indexing="ij")
@@ -405,8 +445,8 @@ def _grid():
 @pytest.mark.parametrize("method", sorted(SERIES))
 def test_series_and_correction_match_the_exact_modified_oscillator(method):
     """The exact H̃ of the harmonic oscillator: our truncated series H + Δ_h[H] matches it to
-    O(h^r) (r = the truncation order: 4 for the symmetric methods, 3 for symplectic Euler), and correcting the exact H̃ recovers H to the same
-    order, far below |H̃ − H| = O(h^p).  The step is the method's own: the exact H̃ is checked to
+    O(h^r) (r = the truncation order: 4 for the symmetric methods, 3 for symplectic Euler), and
+    the inverse series of the exact H̃ recovers H to the same order, far below |H̃ − H| = O(h^p).  The step is the method's own: the exact H̃ is checked to
     be conserved by it to round-off."""
     H = _oscillator()
     Q, P = _grid()
@@ -418,7 +458,7 @@ def test_series_and_correction_match_the_exact_modified_oscillator(method):
         e = exact(q, p)
         assert float((e - e[0]).abs().max()) < 1e-14
         series = float(hamiltonian_error(modified_hamiltonian(H, method, h), exact, Q, P))
-        corrected = float(hamiltonian_error(correct_hamiltonian(tgi.Hamiltonian(exact), method, h),
+        corrected = float(hamiltonian_error(InverseModifiedHamiltonian(tgi.Hamiltonian(exact), method, h),
                                             H.energy, Q, P))
         raw = float(hamiltonian_error(tgi.Hamiltonian(exact), H.energy, Q, P))
         errs.append((series, corrected, raw))
@@ -461,7 +501,8 @@ def test_correction_of_a_learned_model_is_a_differentiable_hamiltonian():
     torch.manual_seed(0)
     model = SeparableHNN(1, width=8)
     corr = CorrectedHamiltonian(model, "verlet", 0.1)
-    assert corr.iterations == 1 and CorrectedHamiltonian(model, "symplectic_euler", 0.1).iterations == 2
+    assert (InverseModifiedHamiltonian(model, "verlet", 0.1).iterations == 1
+            and InverseModifiedHamiltonian(model, "symplectic_euler", 0.1).iterations == 2)
     q, p = torch.randn(5, 1), torch.randn(5, 1)
     corr.energy(q, p).sum().backward()                        # gradients reach the parameters
     assert all(x.grad is not None and float(x.grad.abs().sum()) > 0 for x in model.parameters())
@@ -484,7 +525,7 @@ def test_correction_errors():
     with pytest.raises(ValueError, match="h must be"):
         correct_hamiltonian(H, "verlet", 0.0)
     with pytest.raises(ValueError, match="iterations"):
-        correct_hamiltonian(H, "verlet", 0.1, iterations=0)
+        InverseModifiedHamiltonian(H, "verlet", 0.1, iterations=0)
 
 
 def test_separable_verlet_term_equals_the_general_formula():

@@ -24,7 +24,7 @@ r"""The arms of the HNN study: what is trained, on what, and how it is rolled ou
 (e′)  ``e4``   the same through ``shooting["method2"]`` (yoshida4 at h = dt by default), rolled
                out by that method at the same step.
 (f)   ``f``, ``f_v``   (e)'s model (the same training, reused) corrected for Verlet's modified
-               Hamiltonian (:class:`torchgeo_int.nn.CorrectedHamiltonian`, H_θ − h² H₂[H_θ]),
+               Hamiltonian (:class:`torchgeo_int.nn.CorrectedHamiltonian`, H_θ + h² H₂[H_θ]),
                rolled out by dopri5 (rtol 1e-9) and by Verlet at h = dt.
 
 The HNN of (a) is rolled out by an accurate integrator of its learned field (torchdiffeq dopri5,

@@ -14,8 +14,8 @@ from .losses import (derivative_loss, finite_differences, make_windows, residual
 from .metrics import (energy_drift, energy_mse, hamiltonian_error, predict, rollout_mse,
                       state_mse)
 from .modules import HNN, MLP, MLPVectorField, MechanicalHNN, ScalarMLP, SeparableHNN
-from .correction import (CorrectedHamiltonian, ModifiedHamiltonian, correct_hamiltonian,
-                         modified_hamiltonian)
+from .correction import (CorrectedHamiltonian, InverseModifiedHamiltonian, ModifiedHamiltonian,
+                         correct_hamiltonian, modified_hamiltonian)
 from .optim import LazyAdam
 from .shooting import TrajectoryFit
 from .training import (TensorBatches, fit, load_checkpoint, make_optimizer, save_checkpoint,
@@ -27,8 +27,8 @@ __all__ = [
     "rollout_loss", "residual_loss", "derivative_loss", "finite_differences", "make_windows",
     "fit", "seed_everything", "make_optimizer", "TensorBatches", "save_checkpoint",
     "load_checkpoint",
-    "TrajectoryFit", "LazyAdam", "ModifiedHamiltonian", "CorrectedHamiltonian", "modified_hamiltonian",
-    "correct_hamiltonian",
+    "TrajectoryFit", "LazyAdam", "ModifiedHamiltonian", "CorrectedHamiltonian",
+    "InverseModifiedHamiltonian", "modified_hamiltonian", "correct_hamiltonian",
     "predict", "state_mse", "rollout_mse", "energy_mse", "energy_drift", "hamiltonian_error",
     "PortHamiltonianNN", "PSDMatrix", "StateDamping", "InputMap", "forced_rollout_loss",
     "forced_residual_loss", "forced_derivative_loss",
