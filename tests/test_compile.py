@@ -932,3 +932,20 @@ def test_compiled_implicit_steps_follow_replaced_solve_options():
         m.options = m.options.replace(tol=None, max_iter=2)
         with pytest.raises(tgi.ConvergenceError, match="after 2 iterations"):
             tgi.rollout(system, q0, p0, compile=True, **kw)
+
+
+def test_a_compiled_lie_rollout_without_a_graph_runs_without_a_failed_block():
+    """The fixed-iteration blocks carry flat tensor caches only; a Lie method's warm start
+    ((h, (z, previous z…))) made them fail with an internal AttributeError and a warning. Now
+    the Lie method runs compiled step by step, no warning, and agrees with eager."""
+    from torchgeo_int.manifolds import SO3, FreeRigidBody
+    torch.manual_seed(0)
+    s = FreeRigidBody(torch.tensor([1.0, 2.0, 3.5], dtype=torch.float64))
+    g0 = SO3.random(2, dtype=torch.float64)
+    mu0 = torch.randn(2, 3, dtype=torch.float64)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        g, mu = tgi.rollout(s, g0, mu0, h=0.05, steps=256, method="lie_midpoint_cayley", compile=True)
+        ge, mue = tgi.rollout(s, g0, mu0, h=0.05, steps=256, method="lie_midpoint_cayley")
+    torch.testing.assert_close(g, ge, rtol=0, atol=1e-10)
+    torch.testing.assert_close(mu, mue, rtol=0, atol=1e-10)

@@ -87,6 +87,11 @@ def _worker(rank, port, out_dir):
             hist = fit(module, loss, distributed_loader(data, GLOBAL_BATCH, seed=5), steps=STEPS,
                        seed=5, lr=1e-2, progress=False, checkpoint=ckpt)
             res[key] = {"params": model.state_dict(), "loss": reduce_history(hist)["loss"]}
+        try:                               # DDP needs parameters: a clear error, not DDP's
+            wrap(torch.nn.Identity(), lambda m, x: x.sum())
+            res["no_params"] = "accepted"
+        except ValueError as err:
+            res["no_params"] = str(err)
         q0, p0 = _kepler_batch(11)        # 11 rows: shards of 6 and 5
         out = sharded_rollout(_kepler(), q0, p0, h=0.05, steps=40, method="yoshida4",
                               save_every=4, return_trajectories=True)
@@ -152,6 +157,11 @@ def test_ddp_fit_equals_single_process_on_the_global_batch(two_ranks, key):
     assert load_checkpoint(out / f"{key}.pt", bare)["step"] == STEPS
     for k, v in bare.state_dict().items():
         torch.testing.assert_close(v, ref[k], rtol=0, atol=1e-12)
+
+
+def test_wrap_refuses_a_model_without_parameters_clearly(two_ranks):
+    _, ranks = two_ranks
+    assert all("has no parameters" in ranks[r]["no_params"] for r in range(WORLD))
 
 
 def test_sharded_rollout_equals_single_process(two_ranks):

@@ -195,3 +195,20 @@ def test_bad_input():
     with pytest.raises(FloatingPointError):   # a step far too large: no real multiplier
         with torch.no_grad():
             tgi.rollout(PEND, q0, p0 * 50, h=3.0, steps=4, method=Rattle(), check_every=1)
+
+
+def test_rattle_and_the_maps_checks_on_an_empty_batch_and_nan():
+    """An empty batch is stepped (a (steps+1, 0, 3) trajectory), a NaN state is named as input,
+    not reported later as a step-size problem; the maps' Def 2.2 checks take empty batches."""
+    from torchgeo_int.manifolds import SO3
+    from torchgeo_int.manifolds.lie import LieGroupMap
+    empty = torch.zeros(0, 3, dtype=torch.float64)
+    q, p = tgi.rollout(PEND, empty, empty, h=0.1, steps=3, method=Rattle())
+    assert q.shape == p.shape == (4, 0, 3)
+    q0, p0 = pendulum_initial()
+    bad = q0.clone()
+    bad[..., 0] = float("nan")
+    with pytest.raises(ValueError, match="q0 contains NaN"):
+        tgi.rollout(PEND, bad, p0, h=0.1, steps=3, method=Rattle())
+    assert SphereMap(0.5).check(empty) == {"i": 0.0, "ii": 0.0}
+    assert LieGroupMap(SO3, "cayley", 0.5).check(torch.zeros(0, 3, 3, dtype=torch.float64)) == {"i": 0.0, "ii": 0.0}

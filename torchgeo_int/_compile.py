@@ -227,6 +227,13 @@ def _why(err):
     return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
 
 
+def _flat_tensors(cache) -> bool:
+    """A cache the fixed-iteration blocks can carry: None, a tensor or a tuple of tensors (the
+    Lie methods' (h, (z, previous z…)) warm start is not: they run compiled step by step)."""
+    return (cache is None or isinstance(cache, torch.Tensor)
+            or (isinstance(cache, tuple) and all(isinstance(c, torch.Tensor) for c in cache)))
+
+
 def _map(fn, x):
     """fn on x, or on each item of a tuple x (a step's cache)."""
     return tuple(fn(a) for a in x) if isinstance(x, tuple) else fn(x)
@@ -745,7 +752,8 @@ class CompiledStep(Stepper):
                               "its fixed-point iterations between two convergence checks run "
                               "as one compiled call; without a graph, rollouts of at least "
                               f"{FIXED_MIN_STEPS} steps run blocks of steps with a fixed "
-                              "iteration count, each one compiled call and one check",
+                              "iteration count, each one compiled call and one check (not the "
+                              "Lie-group methods: their warm start is not a tuple of tensors)",
                               stacklevel=3)
             else:
                 warnings.warn(f"compile=True: {self.kernels.name!r} is implicit on this system: "
@@ -834,6 +842,7 @@ class CompiledStep(Stepper):
         K = self.given_block or IMPLICIT_BUDGET // max(m, 1)
         if (self.fixed_blocks and K > 1 and self._checked <= 0 and not k.fixed_failed
                 and p is not None and q.numel() and not torch.is_grad_enabled()
+                and _flat_tensors(cache)
                 and 0 < m <= FIXED_MAX_ITER and q.numel() * K <= LOOKAHEAD_MAX
                 and self.n_steps - round((t - self.t0) / h) >= K):
             try:

@@ -198,6 +198,9 @@ def wrap(model: nn.Module, loss_fn: Callable[..., Tensor], *, device=None,
         if dev is None or dev.type == "cpu":
             return model, loss_fn
         return model, _OnDevice(loss_fn, dev)
+    if dev is None:
+        raise ValueError(f"wrap: the model ({type(model).__name__}) has no parameters; "
+                         "DistributedDataParallel needs at least one to train")
     obj = Objective(model, loss_fn, device=device)
     if dev.type == "cuda":
         ddp_options.setdefault("device_ids", [dev])

@@ -40,6 +40,7 @@ from ..integrators import TABLES, Composition
 from ..integrators.base import ImplicitIntegrator, Integrator
 from ..integrators.registry import register
 from ..maps import check_alpha
+from .._validate import check_finite
 from ..solvers import SolveOptions
 from . import so3
 from .lie import LieCotangentLift, LieGroupMap, SO3Group, Tau
@@ -324,10 +325,14 @@ class Rattle(Integrator):
         _check_sphere_system(system)
         if not (isinstance(q, torch.Tensor) and isinstance(p, torch.Tensor)) or q.shape != p.shape:
             raise ValueError("q0 and p0 must be tensors of one shape (..., n+1)")
+        check_finite(q, "q0")
+        check_finite(p, "p0")
+        if not q.numel():
+            return
         with torch.no_grad():
             r = system.radius
-            err = float(((q * q).sum(-1).sqrt() - r).abs().max()) if q.numel() else 0.0
-            tang = float((q * p).sum(-1).abs().max()) if q.numel() else 0.0
+            err = float(((q * q).sum(-1).sqrt() - r).abs().max())
+            tang = float((q * p).sum(-1).abs().max())
         scale = torch.finfo(q.dtype).eps ** 0.5
         if err > scale * r or tang > scale * (1.0 + float(p.abs().max())):
             raise ValueError(f"(q0, p0) must lie on T*S^n: | |q| - {r} | = {err:.2e}, "

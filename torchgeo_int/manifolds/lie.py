@@ -440,6 +440,8 @@ class LieGroupMap(nn.Module):
         """Residuals of Def 2.2 at g in left-trivialised form: ``{"i": max|R_d(g, 0) − (g, g)|,
         "ii": max|D_ξ(τ⁻¹(g⁻¹R²)) − D_ξ(τ⁻¹(g⁻¹R¹)) − Id|}`` at ξ = 0 (Jacobians by autograd)."""
         zero = g.new_zeros(*self.group.check_point(g), self.group.dim)
+        if g.numel() == 0:                       # nothing to check (max of nothing is undefined)
+            return {"i": 0.0, "ii": 0.0}
         g0, g1 = self(g, zero)
         res_i = max(float((g0 - g).abs().max()), float((g1 - g).abs().max()))
         ginv = self.group.inverse(g)

@@ -143,6 +143,8 @@ class SphereMap(DiscretizationMap):
         """Def 2.2 on the tangent spaces: ``{"i": max|R_d(x, 0) − (x, x)|,
         "ii": max|(D_vR² − D_vR¹)(x, 0) − P_x|}`` with P_x the tangent projection."""
         zero = torch.zeros_like(x)
+        if x.numel() == 0:                       # nothing to check (max of nothing is undefined)
+            return {"i": 0.0, "ii": 0.0}
         y0, y1 = self(x, zero)
         res_i = max(float((y0 - x).abs().max()), float((y1 - x).abs().max()))
         m = x.shape[-1]
