@@ -384,6 +384,13 @@ def test_hnn_study_shooting_arms_tiny(tmp_path, monkeypatch, capsys):
     assert again["arms"]["e"]["per_seed"] == arms["e"]["per_seed"] and again["shooting"] == rep["shooting"]
     cmp = hnn_run.compare_rankings(rep, rep)
     assert cmp["same"] and cmp["quick"] == hnn_run.ranking(rep)
+    import copy
+    swapped = copy.deepcopy(rep)                  # the two best arms' energies exchanged
+    best, second = cmp["quick"][:2]
+    sb, ss = (swapped["arms"][k]["summary"]["energy_mse"] for k in (best, second))
+    sb["mean"], ss["mean"] = ss["mean"], sb["mean"]
+    cmp2 = hnn_run.compare_rankings(rep, swapped)
+    assert not cmp2["same"] and cmp2["full"][:2] == [second, best]
     hnn_run.main(["--table", str(tmp_path)])                      # the README's cross-task tables
     table = capsys.readouterr().out
     assert "| energy mse | spring | twobody_noisy |" in table and "(×" in table
@@ -391,3 +398,22 @@ def test_hnn_study_shooting_arms_tiny(tmp_path, monkeypatch, capsys):
     clean, obs = hnn_data.twobody(0, trajectories=10), hnn_data.twobody_noisy(0, trajectories=10)
     assert torch.equal(clean.q_eval, obs.q_eval)
     assert 0.05 < float((obs.q_train - clean.q_train).std()) < 0.15
+    # a seed whose training raises is a failed seed of that arm (and of the arms reusing its
+    # model), not a failed run; a NaN metric without an error is counted as failed too
+    real_train = hnn_run.train
+
+    def failing(arm, *a, **k):
+        if arm.key == "e":
+            raise FloatingPointError("the loss became non-finite at step 1")
+        return real_train(arm, *a, **k)
+    monkeypatch.setattr(hnn_run, "train", failing)
+    broken = hnn_run.run("spring", arm_keys=["a", "e", "f"], **args)
+    assert [broken["arms"][k]["summary"]["failed_seeds"] for k in ("a", "e", "f")] == [[], [0], [0]]
+    assert "training: FloatingPointError" in broken["arms"]["f"]["per_seed"][0]["failed"]
+    monkeypatch.setattr(hnn_run, "train", real_train)
+    real_rollout = hnn_train.rollout_model
+    monkeypatch.setattr(hnn_train, "rollout_model",
+                        lambda *a, **k: tuple(x * float("nan") for x in real_rollout(*a, **k)))
+    nan = hnn_run.run("spring", arm_keys=["a"], **args)
+    assert nan["arms"]["a"]["summary"]["failed_seeds"] == [0]
+    monkeypatch.setattr(hnn_train, "rollout_model", real_rollout)

@@ -28,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import torchgeo_int as tgi
+
 from . import data as datasets
 from .train import arms as make_arms
 from .train import evaluate, train
@@ -81,6 +83,9 @@ SHOOTING = {
 #: 0.0168 → 0.0173; (b1) there: 0.0024, 6.4e-6, 0.0113 — on exact data the states have nothing
 #: to estimate, and the one-step rollout arm stays the best.
 SHOOTING["twobody"] = dict(SHOOTING["twobody_noisy"])
+#: what a seed's training may raise and the study counts as that seed failing: a non-finite
+#: loss, an implicit step or a Gauss–Newton state solve without a solution
+TRAINING_FAILURES = (FloatingPointError, tgi.ConvergenceError, torch.linalg.LinAlgError)
 METRICS = ("state_mse", "energy_mse", "energy_drift", "eps_H", "eps_H_rel", "train_seconds")
 
 
@@ -164,19 +169,28 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
         trained = {}
         for arm in all_arms:
             if arm.reuse and arm.reuse in trained:      # same arm, same seed: the same model
-                model, hist = trained[arm.reuse]
+                got = trained[arm.reuse]
             else:
                 source = next(a for a in every_arm if a.key == arm.reuse) if arm.reuse else arm
-                model, hist = train(source, task, seed=seed, steps=n_steps, batch_size=bs,
-                                    lr=cfg["lr"], weight_decay=cfg["weight_decay"],
-                                    substeps=cfg["substeps"], progress=progress, shooting=shooting,
-                                    lr_schedule=lr_schedule)
-                trained[source.key] = (model, hist)
-            metrics, traj = evaluate(model, arm, task, substeps=cfg["substeps"])
-            metrics.update(train_seconds=hist["seconds"], final_loss=hist["loss"][-1], seed=seed)
+                try:
+                    got = train(source, task, seed=seed, steps=n_steps, batch_size=bs,
+                                lr=cfg["lr"], weight_decay=cfg["weight_decay"],
+                                substeps=cfg["substeps"], progress=progress, shooting=shooting,
+                                lr_schedule=lr_schedule)
+                except TRAINING_FAILURES as err:   # a failed seed of this arm, not a failed run
+                    got = f"training: {type(err).__name__}: {str(err)[:300]}"
+                trained[source.key] = got
+            if isinstance(got, str):
+                inf = float("inf")
+                metrics, traj = {"state_mse": inf, "energy_mse": inf, "energy_drift": inf,
+                                 "failed": got, "train_seconds": None, "seed": seed}, None
+            else:
+                model, hist = got
+                metrics, traj = evaluate(model, arm, task, substeps=cfg["substeps"])
+                metrics.update(train_seconds=hist["seconds"], final_loss=hist["loss"][-1], seed=seed)
             results[arm.key].append(metrics)
             if seed == 0:
-                keep[arm.key] = traj
+                keep[arm.key] = traj             # None for a failed seed: left out of the plots
             if outer is not None:
                 outer.update(1)
                 outer.set_postfix(arm=arm.key, energy_mse=f"{metrics['energy_mse']:.2e}")
@@ -375,6 +389,9 @@ def plot(task, arms, keep, stem: Path):
     import matplotlib.pyplot as plt
 
     shown = [a for a in arms if keep.get(a.key) is not None]
+    if not shown:                # every arm's seed 0 failed: nothing to draw
+        print(f"no rollout of seed 0 succeeded: {stem.name}'s figures were not drawn")
+        return
     cols = min(4, len(shown))
     rows = math.ceil(len(shown) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 3.0 * rows), squeeze=False)
@@ -424,7 +441,7 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, help="number of seeds (default 5, --quick 2)")
     ap.add_argument("--steps", type=int, help="gradient steps per arm")
     ap.add_argument("--batch-size", type=int, help="samples (points or windows) per step")
-    ap.add_argument("--arms", help="comma-separated subset of a,a_fd,b1,b5,b10,c,c_ode,d,e,e4,f,f_v")
+    ap.add_argument("--arms", help="comma-separated subset of a,a_fd,a_s,b1,b5,b10,c,c_ode,d,e,e4,f,f_v")
     ap.add_argument("--segment", type=int, help="shooting segment length of (e)/(e′)/(f) (0: single shooting)")
     ap.add_argument("--continuity", type=float, help="continuity weight of the shooting arms")
     ap.add_argument("--state-lr", type=float, help="learning rate of the shooting-node states")

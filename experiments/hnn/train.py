@@ -78,6 +78,9 @@ def arms(task: Task, *, b_model: str = "auto", node_window: int = 5, windows=(1,
                "dopri5 (rtol 1e-9) on the learned field"),
            Arm("a_fd", "(a′) HNN, derivative matching on finite differences", "HNN",
                "derivative_fd", 0, "dopri5", "dopri5 (rtol 1e-9) on the learned field")]
+    if sep:     # (a)'s recipe on the rollout arms' model: separates training from architecture
+        out.append(Arm("a_s", "(a_s) SeparableHNN, derivative matching", "SeparableHNN",
+                       "derivative", 0, "dopri5", "dopri5 (rtol 1e-9) on the learned field"))
     for k in windows:
         out.append(Arm(f"b{k}", f"(b) {b_cls} through {k} {b_method} step{'s' * (k > 1)}", b_cls,
                        "rollout", k, b_method,
@@ -253,12 +256,17 @@ def evaluate(model, arm: Arm, task: Task, *, substeps: int = 1):
     that fails to converge is recorded as inf with the reason, not raised)."""
     t0 = time.perf_counter()
     H = task.energy
+    failed = None
     try:
         q, p = rollout_model(model, arm, task, substeps=substeps)
     except (FloatingPointError, ConvergenceError, AssertionError) as err:
+        failed = f"{type(err).__name__}: {err}"
+    else:
+        if not bool(torch.isfinite(q).all() and torch.isfinite(p).all()):   # (dopri5/rk4: no check)
+            failed = "the rollout reached NaN/inf without raising"
+    if failed is not None:
         inf = float("inf")
-        out = {"state_mse": inf, "energy_mse": inf, "energy_drift": inf,
-               "failed": f"{type(err).__name__}: {err}"}
+        out = {"state_mse": inf, "energy_mse": inf, "energy_drift": inf, "failed": failed}
         traj = None
     else:
         traj = (q, p)
