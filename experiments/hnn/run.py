@@ -32,7 +32,7 @@ import torchgeo_int as tgi
 
 from . import data as datasets
 from .train import arms as make_arms
-from .train import evaluate, train
+from .train import evaluate, failed_metrics, train
 
 CONFIG = {
     "spring": dict(lr=1e-3, weight_decay=1e-4, substeps=1,
@@ -181,9 +181,7 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
                     got = f"training: {type(err).__name__}: {str(err)[:300]}"
                 trained[source.key] = got
             if isinstance(got, str):
-                inf = float("inf")
-                metrics, traj = {"state_mse": inf, "energy_mse": inf, "energy_drift": inf,
-                                 "failed": got, "train_seconds": None, "seed": seed}, None
+                metrics, traj = failed_metrics(got) | {"train_seconds": None, "seed": seed}, None
             else:
                 model, hist = got
                 metrics, traj = evaluate(model, arm, task, substeps=cfg["substeps"])

@@ -251,6 +251,12 @@ def evaluation_method(method: str):
     return method
 
 
+def failed_metrics(why: str) -> dict:
+    """A failed seed's row: inf trajectory metrics (counted under "failed", not averaged)."""
+    inf = float("inf")
+    return {"state_mse": inf, "energy_mse": inf, "energy_drift": inf, "failed": why}
+
+
 def evaluate(model, arm: Arm, task: Task, *, substeps: int = 1):
     """Metrics on the held-out initial conditions (a rollout that blows up or an implicit step
     that fails to converge is recorded as inf with the reason, not raised)."""
@@ -265,9 +271,7 @@ def evaluate(model, arm: Arm, task: Task, *, substeps: int = 1):
         if not bool(torch.isfinite(q).all() and torch.isfinite(p).all()):   # (dopri5/rk4: no check)
             failed = "the rollout reached NaN/inf without raising"
     if failed is not None:
-        inf = float("inf")
-        out = {"state_mse": inf, "energy_mse": inf, "energy_drift": inf, "failed": failed}
-        traj = None
+        out, traj = failed_metrics(failed), None
     else:
         traj = (q, p)
         out = {

@@ -186,9 +186,10 @@ class CorrectedHamiltonian(ModifiedHamiltonian):
     reads off its flow), or evaluate its energy.  Parameters stay the model's: gradients reach
     them (each term adds two orders of autograd, so prefer it for evaluation)."""
 
-    def __init__(self, model, method, h: float):
-        super().__init__(model, method, h)
-        self.model = self.base
+    @property
+    def model(self):
+        """The corrected model (the series' ``base``)."""
+        return self.base
 
 
 class InverseModifiedHamiltonian(Hamiltonian):

@@ -173,19 +173,19 @@ class _LoaderBatches:
     def __len__(self):
         return self._len
 
-    def epoch(self, e, start=0, rng_at_epoch=None):
+    def epoch(self, e, start=0):
         """The batches of epoch ``e`` from batch ``start`` on.  A shuffling loader draws its
         order from the global RNG when its iteration starts; to skip ``start`` batches and see
         the rest of the same order (a resume), the loader starts from ``rng_at_epoch``, the
-        states it started from in the interrupted run, and the current states come back before
-        the first batch is yielded."""
+        states it started from in the interrupted run (``fit`` sets it from the checkpoint),
+        and the current states come back before the first batch is yielded."""
         sampler = getattr(self.loader, "sampler", None)
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(e)
         now = None
-        if start and rng_at_epoch is not None:
+        if start and self.rng_at_epoch is not None:
             now = _rng_state()
-            _set_rng_state(rng_at_epoch)
+            _set_rng_state(self.rng_at_epoch)
         self.rng_at_epoch = _rng_state()
         batches = iter(self.loader)
         for _ in range(start):       # the skipped batches draw what they drew the first time
@@ -459,7 +459,7 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
     total = steps if steps is not None else epochs * per_epoch
     opt = optimizer if optimizer is not None else make_optimizer(model, lr=lr, weight_decay=weight_decay)
 
-    start, losses, rng_at_epoch = 0, [], None
+    start, losses = 0, []
     source = None
     if resume is True:
         if checkpoint is None:
@@ -472,7 +472,8 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
     if source is not None:
         state = load_checkpoint(source, model, opt)
         start, losses = state["step"], list(state["history"].get("loss", []))
-        rng_at_epoch = state["extra"].get("rng_at_epoch")
+        if isinstance(batches, _LoaderBatches):
+            batches.rng_at_epoch = state["extra"].get("rng_at_epoch")
     else:
         torch.manual_seed(seed)
 
@@ -508,8 +509,7 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
     try:
         epoch, pos = divmod(step, per_epoch)
         while step < total and stopped == "steps":
-            resumed = (rng_at_epoch,) if pos and isinstance(batches, _LoaderBatches) else ()
-            for batch in batches.epoch(epoch, pos, *resumed):
+            for batch in batches.epoch(epoch, pos):
                 if threads is not None and step == start:
                     small = threads == "auto" and _batch_numel(batch) <= SMALL_BATCH
                     if small or isinstance(threads, int):
