@@ -283,16 +283,29 @@ def dopri5_tolerance(prob, q0, p0, T_cal, target, lo=-14.0, hi=-1.0, iters=9):
     return 10 ** best[0]
 
 
-def reversible_eps(prob, q0, p0, control, T_cal, target_steps, eps_cal):
-    """ε for which adaptive_rollout needs ``target_steps`` steps over [0, T_cal] (steps ∝ 1/ε,
-    asymptotically: two rounds)."""
-    eps = eps_cal
-    for _ in range(2):
+def reversible_eps(prob, q0, p0, control, T_cal, target_steps, eps_cal, rtol=0.01, rounds=12):
+    """(ε, steps) for which adaptive_rollout needs ``target_steps`` steps over [0, T_cal], to
+    ``rtol``: secant steps on log(steps) against log ε (steps ∝ 1/ε only asymptotically; two
+    rounds of that rule left e = 0.99 Kepler at 1335 steps for a target of 500).  Returns the
+    last ε run and its count, so the caller can report how close the calibration came."""
+    def steps(eps):
         with torch.no_grad():
-            tr = tgi.adaptive_rollout(prob.system, q0, p0, eps=eps, until=T_cal, control=control,
-                                      method="leapfrog_dkd", check_every=1)
-        eps = eps * tr.steps / target_steps
-    return eps
+            return tgi.adaptive_rollout(prob.system, q0, p0, eps=eps, until=T_cal, control=control,
+                                        method="leapfrog_dkd", check_every=1).steps
+
+    x0, n0 = math.log(eps_cal), steps(eps_cal)
+    best = (x0, n0)
+    x1 = x0 + math.log(n0 / target_steps)             # the 1/ε rule's first guess
+    for _ in range(rounds):
+        n1 = steps(math.exp(x1))
+        if abs(math.log(n1 / target_steps)) < abs(math.log(best[1] / target_steps)):
+            best = (x1, n1)
+        if abs(n1 / target_steps - 1) <= rtol:
+            break
+        slope = (math.log(n1) - math.log(n0)) / (x1 - x0) if x1 != x0 and n1 != n0 else -1.0
+        slope = min(slope, -0.1)                      # steps fall as ε grows: keep the step sane
+        x0, n0, x1 = x1, n1, x1 + (math.log(target_steps) - math.log(n1)) / slope
+    return math.exp(best[0]), best[1]
 
 
 CONFIGS = ["logh_dkd", "logh_dkd_y4", "reversible_dkd", "verlet", "yoshida4", "dopri5"]
@@ -307,16 +320,18 @@ LABELS = {"logh_dkd": "log-Hamiltonian DKD leapfrog", "logh_dkd_y4": "log-Hamilt
 
 
 def study(name, prob, q0, p0, T, budget, control, logh_eps_per_eval, T_cal, progress,
-          configs=CONFIGS, out=None, title=None, dopri5="auto"):
+          configs=CONFIGS, out=None, title=None, dopri5="auto", params=None, panel=None):
     """The configurations on one problem at ``budget`` force evaluations over [0, T]; with
-    ``out`` the study is saved there (study_<name>.json/.npz) and, when ``configs`` is a subset,
-    the other configurations are taken from the saved study of the same sizes."""
+    ``out`` the study is saved there (study_<name>.json/.npz, with ``params``: the problem's own
+    parameters, and ``panel``: its figure title) and, when ``configs`` is a subset, the other
+    configurations are taken from the saved study of the same parameters."""
+    params = dict(T=T, budget=budget, **(params or {}))
     E0 = float(prob.energy(q0, p0))
     rows, curves = [], {}
     if out is not None and set(configs) != set(CONFIGS) and (out / f"study_{name}.json").exists():
         try:
-            rows, curves = _load_study(out, name, T, budget)
-        except ValueError:   # saved at other sizes: not comparable, start afresh
+            rows, curves, _ = _load_study(out, name, params)
+        except ValueError:   # saved with other parameters: not comparable, start afresh
             rows, curves = [], {}
         rows = [r for r in rows if r["config"] not in configs]
         curves = {k: v for k, v in curves.items() if k not in configs}
@@ -346,19 +361,24 @@ def study(name, prob, q0, p0, T, budget, control, logh_eps_per_eval, T_cal, prog
     order = {c: i for i, c in enumerate(CONFIGS)}
     rows.sort(key=lambda r: order[r["config"]])
     if out is not None:
-        (out / f"study_{name}.json").write_text(json.dumps(dict(T=T, budget=budget, rows=rows)))
+        (out / f"study_{name}.json").write_text(json.dumps(dict(params=params, panel=panel, rows=rows)))
         np.savez(out / f"study_{name}.npz", **{f"{k}_{i}": v[i] for k, v in curves.items() for i in (0, 1)})
     return rows, curves
 
 
-def _load_study(out, name, T, budget):
+def _load_study(out, name, params=None):
+    """(rows, curves, meta) of a saved study; ``params``: refuse one saved with other parameters
+    (sizes, eccentricity, …), whose rows cannot be merged with these."""
     meta = json.loads((out / f"study_{name}.json").read_text())
-    if meta["T"] != T or meta["budget"] != budget:
-        raise ValueError(f"the saved study {name} has other sizes; rerun all configurations")
+    if "params" not in meta:
+        raise ValueError(f"the saved study {name} predates the saved parameters; rerun it")
+    if params is not None and meta["params"] != json.loads(json.dumps(params)):
+        raise ValueError(f"the saved study {name} has parameters {meta['params']}, not {params}; "
+                         "rerun all configurations")
     z = np.load(out / f"study_{name}.npz")
     curves = {r["config"]: (z[f"{r['config']}_0"], z[f"{r['config']}_1"])
               for r in meta["rows"] if f"{r['config']}_0" in z}
-    return meta["rows"], curves
+    return meta["rows"], curves, meta
 
 
 def run_config(cfg, prob, q0, p0, T, budget, control, logh_eps_per_eval, T_cal, dopri5="auto"):
@@ -369,9 +389,10 @@ def run_config(cfg, prob, q0, p0, T, budget, control, logh_eps_per_eval, T_cal, 
         t, q, p = run_logh(prob, q0, p0, 3 * logh_eps_per_eval, budget // 3,
                            "leapfrog_dkd_yoshida4")
     elif cfg == "reversible_dkd":
-        eps = reversible_eps(prob, q0, p0, control, T_cal, budget * T_cal / T, 0.05)
+        target = budget * T_cal / T
+        eps, n_cal = reversible_eps(prob, q0, p0, control, T_cal, target, 0.05)
         t, q, p = run_reversible(prob, q0, p0, eps, budget, control)
-        extra = dict(eps=eps)
+        extra = dict(eps=eps, calibration_steps=n_cal, calibration_target=round(target, 1))
     elif cfg == "verlet":
         t, q, p = run_fixed(prob, q0, p0, T / budget, budget, "verlet")
     elif cfg == "yoshida4":
@@ -508,15 +529,24 @@ def main(argv=None):
     if "grad" in args.studies:
         reversible_gradient_accuracy(out)
 
+    studies = {}
+
     def add(name, title, run):
-        """Run a study (``run()``) or load its saved rows; add its rows, panel and goal line."""
+        """Run a study (``run()``, which saves it) or load its saved rows, with the parameters and
+        title it was run with (not this command line's); add its rows, panel and goal line."""
         if run is not None:
             r, c = run()
+            params = json.loads((out / f"study_{name}.json").read_text())["params"]
         elif (out / f"study_{name}.json").exists():
-            meta = json.loads((out / f"study_{name}.json").read_text())
-            r, c = _load_study(out, name, meta["T"], meta["budget"])
+            try:
+                r, c, saved = _load_study(out, name)
+            except ValueError as err:
+                print(f"skipped: {err}")
+                return
+            params, title = saved["params"], saved["panel"] or name
         else:
             return
+        studies[name] = params
         rows.extend(r)
         panels[title] = c
         g = goal(r)
@@ -527,6 +557,7 @@ def main(argv=None):
     tp, tper = args.triple_periods, args.triple_per_period
     T3, budget3 = 2 * math.pi * tp, tp * tper
     title3 = (f"hierarchical triple, inner e = {args.triple_e:g}, {tp} inner periods, {budget3} ∇V")
+    params3 = dict(e=args.triple_e, a_out=args.triple_a_out, periods=tp, per_period=tper)
 
     def run_triple():
         masses = TRIPLE_MASSES
@@ -540,7 +571,7 @@ def main(argv=None):
         eps_logh = 0.05 * n_cal / (budget3 * T_cal / T3)
         return study("triple", prob, q0, p0, T3, budget3, free_fall_control(masses), eps_logh, T_cal,
                      progress, args.configs or TRIPLE_CONFIGS, out, title="triple",
-                     dopri5="calibrate")
+                     dopri5="calibrate", params=params3, panel=title3)
     add("triple", title3, run_triple if "triple" in args.studies else None)
 
     # -- Kepler, e = 0.9 and 0.99 ------------------------------------------------------------------
@@ -548,15 +579,17 @@ def main(argv=None):
     budget = args.periods * args.per_period
     for e in (0.9, 0.99):
         name = f"kepler_e{e}"
+        params_k = dict(e=e, periods=args.periods, per_period=args.per_period)
+        title_k = f"Kepler e = {e}, {args.periods} periods, {budget} ∇V"
 
-        def run_kepler(e=e, name=name):
+        def run_kepler(e=e, name=name, params_k=params_k, title_k=title_k):
             q0, p0 = kepler_initial(e)
             # logH: dt/dτ = r, one period is τ = 2π at every e: ε = 2π / (evaluations per period)
             return study(name, kepler(), q0, p0, T, budget, tgi.power_law_control(1.5),
                          2 * math.pi / args.per_period, min(T, 2 * math.pi * 5), progress,
-                         args.configs or CONFIGS, out, title=f"Kepler e = {e}")
-        add(name, f"Kepler e = {e}, {args.periods} periods, {budget} ∇V",
-            run_kepler if "kepler" in args.studies else None)
+                         args.configs or CONFIGS, out, title=f"Kepler e = {e}", params=params_k,
+                         panel=title_k)
+        add(name, title_k, run_kepler if "kepler" in args.studies else None)
 
     # -- Burrau's Pythagorean problem --------------------------------------------------------------
     def run_3body():
@@ -569,9 +602,9 @@ def main(argv=None):
         eps_logh = 0.05 * (cal.t.shape[0] - 1) / args.budget
         return study("pythagorean_3body", prob, q0, p0, args.t_end, args.budget,
                      free_fall_control(MASSES), eps_logh, args.t_end, progress,
-                     args.configs or CONFIGS, out, title="Pythagorean three-body")
-    add("pythagorean_3body", f"Pythagorean three-body, t ≤ {args.t_end:g}, {args.budget} ∇V",
-        run_3body if "3body" in args.studies else None)
+                     args.configs or CONFIGS, out, title="Pythagorean three-body", panel=title_b)
+    title_b = f"Pythagorean three-body, t ≤ {args.t_end:g}, {args.budget} ∇V"
+    add("pythagorean_3body", title_b, run_3body if "3body" in args.studies else None)
 
     if not panels:   # (only the grad study, or nothing saved)
         return rows
@@ -612,10 +645,8 @@ def main(argv=None):
                      f"{r['max_rel_energy_error']:.2e} | {r['growth_last_over_first_tenth']:.3g} | "
                      f"{slope:.2e} | {trend:.2g} |")
     lines += [""] + [f"* {goal_line(g)}" for g in goals]
-    meta = dict(triple_periods=tp, triple_per_period=tper, triple_e=args.triple_e,
-                triple_a_out=args.triple_a_out, periods=args.periods, per_period=args.per_period,
-                t_end=args.t_end, budget=args.budget, torch=torch.__version__,
-                date=time.strftime("%Y-%m-%d"))
+    # each study's own parameters (a loaded one's are those it was run with, not this command's)
+    meta = dict(studies=studies, torch=torch.__version__, date=time.strftime("%Y-%m-%d"))
     (out / "table.md").write_text("\n".join(lines) + "\n")
     (out / "table.json").write_text(json.dumps(dict(meta=meta, data=rows, goals=goals), indent=1))
     print("\n".join(lines))
