@@ -1,7 +1,8 @@
 r"""Learning a damped (and a controlled) pendulum: port-Hamiltonian models through the forced
 integrators vs a dissipative HNN by derivative matching on finite differences vs a Neural ODE.
 
-    python -m experiments.dissipative [--quick] [--seeds N] [--steps S] [--out results]
+    python -m experiments.dissipative [--tasks damped,controlled] [--steps S] [--arms A,B]
+                                      [--seeds N] [--verlet] [--quick] [--out results]
 
 Truth: q̈ = −sin q − c q̇ + u(t), c = 0.15, i.e. H = p²/2 + 1 − cos q with Rayleigh damping c and a
 torque input G = 1; task ``damped`` has u = 0 (q₀ ~ U(−2.5, 2.5), p₀ ~ U(−1, 1)), task
@@ -24,7 +25,12 @@ float64, the same seeds):
   node           a Neural ODE MLP(q, p, u) → (q̇, ṗ) trained through 4 RK4 steps (torchdiffeq).
 Metrics on the held-out set: state MSE over the horizon (q and p), energy-decay error
 mean_t |E(x̂_t) − E(x_t)| with the true E = H, and the learned damping.  Mean ± s.e. over seeds.
-Writes results/dissipative.{json,md} and results/dissipative_{task}.png.
+Writes <out>/dissipative[_quick]_<tasks>_<S>steps_<arms>.{json,md}, e.g.
+dissipative_damped_2000steps_ours_midpoint_dhnn_fd.md (runs with other tasks, budgets or arms do
+not overwrite each other), and, when ``--arms`` is not given, one figure per task,
+<out>/dissipative[_quick]_<task>_<S>steps.png.
+``--quick`` is a tiny run (4 training and 2 held-out trajectories, 1 seed, t ≤ 2 held out, 3 Adam
+steps unless ``--steps`` is given).
 """
 from __future__ import annotations
 
@@ -47,6 +53,8 @@ C_TRUE = 0.15
 DT = 0.25
 K = 4                     # steps per training window
 T_TRAIN, T_TEST = 10.0, 20.0
+TASKS = ("damped", "controlled")
+ARMS = ("ours_midpoint", "ours_verlet", "dhnn_fd", "node")
 
 
 def energy(q, p):
@@ -173,30 +181,36 @@ def mean_se(v):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny run (smoke test)")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--seeds", type=int, default=None, help="default 3 (--quick: 1)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="Adam steps per arm and seed; default 3000 (--quick: 3)")
     ap.add_argument("--verlet", action="store_true", help="also train the forced-Verlet rollout arm")
     ap.add_argument("--arms", default=None, help="comma-separated subset of the arms to run")
-    ap.add_argument("--tasks", default="damped,controlled")
+    ap.add_argument("--tasks", default="damped,controlled",
+                    help=f"comma-separated subset of {', '.join(TASKS)}")
     ap.add_argument("--out", default="results")
     args = ap.parse_args(argv)
-    torch.set_default_dtype(torch.float64)
-    torch.set_num_threads(1)
-    n_train, n_test, steps, seeds, horizon = 32, 16, args.steps, args.seeds, T_TEST
+    n_train, n_test, steps, seeds, horizon = 32, 16, 3000, 3, T_TEST
     if args.quick:
         n_train, n_test, steps, seeds, horizon = 4, 2, 3, 1, 2.0
+    steps = steps if args.steps is None else args.steps
+    seeds = seeds if args.seeds is None else args.seeds
+    if steps < 1:
+        ap.error(f"--steps must be at least 1, got {steps}")
+    if seeds < 1:
+        ap.error(f"--seeds must be at least 1, got {seeds}")
+    tasks = _names(ap, "--tasks", args.tasks, TASKS)
     arms = ["ours_midpoint"] + (["ours_verlet"] if args.verlet else []) + ["dhnn_fd", "node"]
     if args.arms:
-        arms = args.arms.split(",")
-        unknown = set(arms) - {"ours_midpoint", "ours_verlet", "dhnn_fd", "node"}
-        if unknown:
-            ap.error(f"unknown arms {sorted(unknown)}")
+        arms = _names(ap, "--arms", args.arms, ARMS)
+    torch.set_default_dtype(torch.float64)
+    torch.set_num_threads(1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = dict(config=dict(c=C_TRUE, dt=DT, window_steps=K, train_horizon=T_TRAIN,
                               test_horizon=horizon, n_train=n_train, n_test=n_test, steps=steps,
                               seeds=seeds, batch=64, lr=3e-3), tasks={})
-    for task in args.tasks.split(","):
+    for task in tasks:
         qtr, ptr, ctr = make_data(task, n_train, T_TRAIN, seed=1)
         qte, pte, cte = make_data(task, n_test, horizon, seed=2)
         dq, dp = finite_differences(qtr, ptr, DT)
@@ -236,12 +250,31 @@ def main(argv=None):
                     per_seed=ratio, of_means=summary["dhnn_fd"]["state_mse"][0] / summary[ours]["state_mse"][0])
         report["tasks"][task] = summary
         if not args.arms:
-            _plot(out / f"dissipative_{task}.png", task, curves, E_true.mean(0), qte[0, :, 0], n_steps)
-    stem = "dissipative" if not args.arms else "dissipative_" + "_".join(arms)
+            _plot(out / f"{report_stem([task], steps, [], args.quick)}.png", task, curves,
+                  E_true.mean(0), qte[0, :, 0], n_steps)
+    stem = report_stem(tasks, steps, arms, args.quick)
     (out / f"{stem}.json").write_text(json.dumps(report, indent=1))
     (out / f"{stem}.md").write_text(_markdown(report, arms))
     print(_markdown(report, arms))
     return report
+
+
+def report_stem(tasks, steps, arms, quick=False):
+    """File stem of a run's report: the tasks, the budget and the arms, e.g.
+    ``dissipative_damped_2000steps_ours_midpoint_dhnn_fd`` (``dissipative_quick_…`` for --quick)."""
+    return "_".join(["dissipative", *(["quick"] if quick else []), *tasks, f"{steps}steps", *arms])
+
+
+def _names(ap, flag, value, known):
+    """The comma-separated names of ``value``, each in ``known`` and none twice (else ap.error)."""
+    names = [n.strip() for n in value.split(",")]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        ap.error(f"{flag}: unknown name(s) {', '.join(map(repr, unknown))}; "
+                 f"known: {', '.join(known)}")
+    if len(set(names)) != len(names):
+        ap.error(f"{flag}: a name is given twice in {value!r}")
+    return [n for n in known if n in names]          # canonical order: one file name per set
 
 
 def _markdown(report, arms):

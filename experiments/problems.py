@@ -1,6 +1,8 @@
-"""Problems shared by the experiments (and the test suite): Kepler and the outer solar system."""
+"""Problems shared by the experiments (and the test suite): Kepler and the outer solar system;
+and the experiments' one argparse type for a list of step counts."""
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import pathlib
@@ -58,3 +60,15 @@ def outer_solar_system(dtype=torch.float64):
     system = tgi.SeparableHamiltonian(kinetic, potential, kinetic_grad=lambda p: p / m[:, None],
                                       potential_grad=potential_grad)
     return system, q0, p0, m
+
+
+def step_counts(text: str) -> list[int]:
+    """argparse type of a convergence study's ``--Ns``: at least two increasing step counts ≥ 2
+    ("8,16,32"), so that an order can be fitted."""
+    try:
+        Ns = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if len(Ns) < 2 or min(Ns) < 2 or sorted(set(Ns)) != Ns:
+        raise argparse.ArgumentTypeError(f"expected at least 2 increasing step counts ≥ 2, got {text!r}")
+    return Ns

@@ -9,8 +9,11 @@ baselines.
 * convergence against DOP853 (rtol 1e-13) of the heavy top: error vs h and fitted orders;
 * wall-clock per step (noisy on shared machines: ratios within one run only).
 
-Writes results/rigid_body/{long_run.png, convergence.png, table.md, table.json}.
-``--quick`` runs 10× fewer long-run steps and fewer step sizes.
+    python experiments/rigid_body.py [--quick] [--long-steps N] [--Ns 8,16,32] [--out results]
+
+Writes <out>/rigid_body/{long_run.png, convergence.png, table.md, table.json}.
+``--quick`` runs 10× fewer long-run steps and fewer step sizes; ``--long-steps`` (free body; the
+heavy top runs a fifth of it) and ``--Ns`` (the convergence study's step counts) override them.
 """
 from __future__ import annotations
 
@@ -32,7 +35,8 @@ from torchgeo_int.manifolds.integrators import LIE_METHODS  # noqa: E402
 from torchgeo_int.manifolds.systems import FreeRigidBody, HeavyTop  # noqa: E402
 from torchgeo_int.rollout import run_loop  # noqa: E402
 
-OUT = ROOT / "results" / "rigid_body"
+from experiments.problems import step_counts  # noqa: E402
+
 METHODS = ["lie_midpoint_cayley", "lie_midpoint_exp", "lie_yoshida4_cayley", "lie_euler_cayley"]
 
 
@@ -87,8 +91,8 @@ def invariants(name, system, g, mu):
     return orth, dE, cas
 
 
-def long_run(quick):
-    steps = {"free_body": 10_000 if quick else 100_000, "heavy_top": 2_000 if quick else 20_000}
+def long_run(free_body_steps):
+    steps = {"free_body": free_body_steps, "heavy_top": max(free_body_steps // 5, 1)}
     h, save_every = 0.01, 10
     rows, curves = [], {}
     for name, system in systems().items():
@@ -117,7 +121,7 @@ def long_run(quick):
     return rows, curves, h * save_every
 
 
-def convergence(quick):
+def convergence(Ns):
     system = systems()["heavy_top"]
     g0, mu0 = initial(system, 1)
     T = 1.7
@@ -127,7 +131,7 @@ def convergence(quick):
                     torch.cat([g0.flatten(-2), mu0], -1)[0].numpy(), method="DOP853",
                     rtol=1e-13, atol=1e-13)
     ref = torch.tensor(sol.y[:, -1])
-    Ns = [8, 16, 32, 64, 128] if quick else [8, 16, 32, 64, 128, 256, 512]
+    Ns = list(Ns)
     out = {}
     for method in tqdm(METHODS + ["lie_euler_adjoint_exp", "lie_yoshida6_cayley"],
                        desc="convergence"):
@@ -145,7 +149,7 @@ def convergence(quick):
     return out, T
 
 
-def plots(curves, dt, conv, T):
+def plots(out_dir, curves, dt, conv, T):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -162,7 +166,7 @@ def plots(curves, dt, conv, T):
                 axes[r, c].set_title(f"{name}: {label}")
                 axes[r, c].set_xlabel("t")
         axes[r, 0].legend(fontsize=7)
-    fig.savefig(OUT / "long_run.png", dpi=120)
+    fig.savefig(out_dir / "long_run.png", dpi=120)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6, 5))
     for method, d in conv.items():
@@ -171,13 +175,13 @@ def plots(curves, dt, conv, T):
     ax.set_xlabel("h")
     ax.set_ylabel(f"error at T = {T} (heavy top)")
     ax.legend(fontsize=7)
-    fig.savefig(OUT / "convergence.png", dpi=120)
+    fig.savefig(out_dir / "convergence.png", dpi=120)
     plt.close(fig)
 
 
-def write_tables(rows, conv, quick):
+def write_tables(out_dir, rows, conv, mode):
     lines = ["# Rigid body / heavy top on T*SO(3)", "",
-             f"mode: {'quick' if quick else 'full'}; wall-clock numbers are noisy (shared CPU)", "",
+             f"mode: {mode}; wall-clock numbers are noisy (shared CPU)", "",
              "| system | method | steps | max rel. energy err | drift ratio | max orth. err "
              "| max Casimir err | µs/step |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -190,22 +194,42 @@ def write_tables(rows, conv, quick):
               "| method (heavy top) | declared order | fitted order |", "|---|---|---|"]
     for m, d in conv.items():
         lines.append(f"| {m} | {d['declared_order']} | {d['fitted_order']:.2f} |")
-    (OUT / "table.md").write_text("\n".join(lines) + "\n")
-    (OUT / "table.json").write_text(json.dumps(dict(long_run=rows, convergence=conv), indent=1))
+    (out_dir / "table.md").write_text("\n".join(lines) + "\n")
+    (out_dir / "table.json").write_text(json.dumps(dict(mode=mode, long_run=rows, convergence=conv),
+                                                   indent=1))
     print("\n".join(lines))
 
 
-def main():
+
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="10x fewer long-run steps")
-    args = ap.parse_args()
+    ap.add_argument("--quick", action="store_true", help="10x fewer long-run steps, N ≤ 128")
+    ap.add_argument("--long-steps", type=int, default=None,
+                    help="free-body steps of the long run (heavy top: a fifth); "
+                         "default 100000 (--quick: 10000)")
+    ap.add_argument("--Ns", type=step_counts, default=None,
+                    help="step counts of the convergence study, e.g. 8,16,32; "
+                         "default 8,…,512 (--quick: 8,…,128)")
+    ap.add_argument("--out", default="results", help="writes <out>/rigid_body/")
+    args = ap.parse_args(argv)
+    long_steps = args.long_steps if args.long_steps is not None else (10_000 if args.quick else 100_000)
+    if long_steps < 200:
+        ap.error(f"--long-steps must be at least 200 (states are saved every 10 steps and the heavy "
+                 f"top runs a fifth of them), got {long_steps}")
+    Ns = args.Ns if args.Ns is not None else (
+        [8, 16, 32, 64, 128] if args.quick else [8, 16, 32, 64, 128, 256, 512])
+    custom = args.long_steps is not None or args.Ns is not None
+    mode = ("quick" if args.quick else "full") + (f" (long run {long_steps} steps, N = "
+                                                  f"{', '.join(map(str, Ns))})" if custom else "")
     torch.set_default_dtype(torch.float64)
     torch.manual_seed(0)
-    OUT.mkdir(parents=True, exist_ok=True)
-    rows, curves, dt = long_run(args.quick)
-    conv, T = convergence(args.quick)
-    plots(curves, dt, conv, T)
-    write_tables(rows, conv, args.quick)
+    out_dir = pathlib.Path(args.out) / "rigid_body"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows, curves, dt = long_run(long_steps)
+    conv, T = convergence(Ns)
+    plots(out_dir, curves, dt, conv, T)
+    write_tables(out_dir, rows, conv, mode)
+    return dict(long_run=rows, convergence=conv)
 
 
 if __name__ == "__main__":
