@@ -228,6 +228,11 @@ def test_hnn_study_tiny_run_and_merge(tmp_path, capsys):
         hnn_run.run("spring", arm_keys=["c"], merge=True, **dict(args, steps=6))
     with pytest.raises(ValueError, match="was run with"):   # another lr schedule: another budget
         hnn_run.run("spring", arm_keys=["c"], merge=True, lr_schedule=None, **args)
+    with pytest.raises(ValueError, match="was run with"):   # another draw of the data
+        hnn_run.run("spring", arm_keys=["c"], merge=True, data_seed=1, **args)
+    other = hnn_run.run("spring", arm_keys=["a"], data_seed=1, **dict(args, out=tmp_path / "d1"))
+    assert rep["data"]["seed"] == 0 and other["data"]["seed"] == 1
+    assert other["arms"]["a"]["per_seed"][0]["energy_mse"] != rep["arms"]["a"]["per_seed"][0]["energy_mse"]
     m = evaluation_method("implicit_midpoint")
     assert isinstance(m, tgi.CotangentLiftIntegrator) and m.solver == "newton" and m.alpha == 0.5
     assert m.max_iter >= 400     # a stiff learned field needed 400 Newton iterations (pendulum, (c))
@@ -417,3 +422,62 @@ def test_hnn_study_shooting_arms_tiny(tmp_path, monkeypatch, capsys):
     nan = hnn_run.run("spring", arm_keys=["a"], **args)
     assert nan["arms"]["a"]["summary"]["failed_seeds"] == [0]
     monkeypatch.setattr(hnn_train, "rollout_model", real_rollout)
+
+
+def test_hnn_parametric_probe_tiny(tmp_path, monkeypatch):
+    """experiments.hnn.parametric: each family holds its task's true H (at the true coefficients,
+    up to a constant), derivative matching's closed form recovers them from exact data, and a toy
+    run reports every arm for every data seed with paired ratios to (a)."""
+    from experiments.hnn import data as hnn_data
+    from experiments.hnn import parametric
+    from experiments.hnn import run as hnn_run
+    from experiments.hnn import train as hnn_train
+    from torchgeo_int.nn.metrics import hamiltonian_error
+
+    for name in ("spring", "pendulum", "twobody"):
+        task = hnn_data.TASKS[name](0, **({"trajectories": 10} if name == "twobody" else {}))
+        model = parametric.parametric_model(name).double()
+        b, a = parametric.FAMILIES[name][2]
+        with torch.no_grad():
+            model.kinetic.c.fill_(b)
+            model.potential.c.fill_(a)
+        assert float(hamiltonian_error(model, task.energy, task.q_points, task.p_points)) < 1e-12
+    exact = hnn_data.twobody(0, trajectories=10)          # noise-free: the inputs are the clean states
+    assert parametric.closed_form_derivative_matching("twobody", exact) == pytest.approx((1.0, 1.0), abs=1e-9)
+    noisy = hnn_data.spring(0)                             # noisy inputs: both coefficients attenuated
+    assert all(0.8 < c < 0.99 for c in parametric.closed_form_derivative_matching("spring", noisy))
+
+    def small(seed=0, make=hnn_data.spring):
+        t = make(seed)
+        t.q_eval, t.p_eval = t.q_eval[:2, :9], t.p_eval[:2, :9]
+        t.q_points, t.p_points = t.q_points[:20], t.p_points[:20]
+        return t
+    monkeypatch.setitem(hnn_data.TASKS, "spring", small)
+    monkeypatch.setattr(hnn_train, "EVAL_RTOL", 1e-5)
+    monkeypatch.setitem(hnn_run.CONFIG["spring"], "full", dict(steps=3, batch=None, seeds=1))
+    rep = parametric.run(["spring"], data_seeds=2, out=tmp_path, progress=False)
+    t = rep["tasks"]["spring"]
+    assert set(t["per_seed"]) == set(parametric.ARMS)
+    assert all([r["data_seed"] for r in rows] == [0, 1] for rows in t["per_seed"].values())
+    e, f = t["per_seed"]["e"][0], t["per_seed"]["f"][0]
+    assert (e["b"], e["a"]) == (f["b"], f["a"]) and e["eps_H"] != f["eps_H"]   # (f) reuses (e), corrected
+    assert len(t["derivative_matching_check"]) == 2
+    ratio, lo, hi = parametric.paired_ratio(t["per_seed"]["e"], t["per_seed"]["a"], "energy_mse")
+    assert lo <= ratio <= hi
+    md = (tmp_path / "hnn_parametric.md").read_text()
+    assert "## spring" in md and "| f_v |" in md and "closed-form" in md
+    assert (tmp_path / "hnn_parametric.png").stat().st_size > 0
+    (tmp_path / "hnn_parametric.png").unlink()
+    parametric.main(["--replot", "--out", str(tmp_path)])
+    assert (tmp_path / "hnn_parametric.png").stat().st_size > 0
+    monkeypatch.setitem(hnn_run.CONFIG["pendulum"], "full", dict(steps=2, batch=None, seeds=1))
+    monkeypatch.setitem(hnn_data.TASKS, "pendulum", lambda seed=0: small(seed, make=hnn_data.pendulum))
+    both = parametric.run(["pendulum"], data_seeds=2, out=tmp_path, progress=False, merge=True)
+    assert list(both["tasks"]) == ["spring", "pendulum"]
+    assert both["tasks"]["spring"] == json.loads(json.dumps(t))        # kept as written
+    with pytest.raises(ValueError, match="data seeds"):
+        parametric.run(["pendulum"], data_seeds=1, out=tmp_path, progress=False, merge=True)
+    # clean data: (e) through Verlet learns Verlet's exact coefficients, whose correction is H
+    summary, rows = parametric.shape_scan([0], steps=300, lr=0.05, out=tmp_path, noise=0.0)
+    assert abs(rows[0]["shape_offset"]) < 1e-4 and rows[0]["eps_H_corrected"] < 0.02 * rows[0]["eps_H"]
+    assert summary["correction_raises_eps_H"] == 0 and (tmp_path / "hnn_parametric_shape.json").exists()

@@ -120,15 +120,16 @@ def _one_dof_task(name, seed, *, T, radius, field_fn, energy, separable=True, sa
                           horizon=float(te[-1]), eval_steps=len(te) - 1))
 
 
-def spring(seed: int = 0) -> Task:
-    """H = q² + p²: q̇ = 2p, ṗ = −2q, a rotation at angular speed 2 (closed form)."""
+def spring(seed: int = 0, noise: float = 0.1) -> Task:
+    """H = q² + p²: q̇ = 2p, ṗ = −2q, a rotation at angular speed 2 (closed form); ``noise``:
+    the σ of the observations (0: clean)."""
     def exact(y0, t):
         c, s = np.cos(2 * t), np.sin(2 * t)
         return np.stack([y0[0] * c + y0[1] * s, -y0[0] * s + y0[1] * c], -1)
 
     return _one_dof_task("spring", seed, T=30, radius=lambda rs: rs.rand() * 0.9 + 0.1,
                          field_fn=lambda y: np.stack([2 * y[..., 1], -2 * y[..., 0]], -1),
-                         energy=lambda q, p: (q * q + p * p).sum(-1), exact=exact)
+                         energy=lambda q, p: (q * q + p * p).sum(-1), exact=exact, noise=noise)
 
 
 def pendulum(seed: int = 0) -> Task:

@@ -111,13 +111,14 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
         batch_size: int | None = None, arm_keys=None, out: str | Path = "results",
         progress: bool = True, b_model: str = "auto", node_window: int = 5,
         threads: int | None = 1, merge: bool = False, shooting: dict | None = None,
-        from_partial: bool = False, lr_schedule: str | None = "config") -> dict:
+        from_partial: bool = False, lr_schedule: str | None = "config", data_seed: int = 0) -> dict:
     """Train and evaluate the arms (``arm_keys``: a subset) with every seed; write the report.
     ``merge``: keep the other arms of the report already in ``out`` (same task, budget and
     seeds) and replace the ones run now — training is seeded, so an arm rerun is the same model;
     use it to re-evaluate or add arms without retraining the rest.  ``from_partial``: write the
     report of the seeds that an interrupted run finished (``<stem>_partial.json``), training
-    nothing.  ``lr_schedule``: fit's, for every arm ("config": the task's CONFIG entry)."""
+    nothing.  ``lr_schedule``: fit's, for every arm ("config": the task's CONFIG entry).
+    ``data_seed``: the task's draw (trajectories and noise); every training seed shares it."""
     if task_name not in CONFIG:
         raise ValueError(f"unknown task {task_name!r}; known: {', '.join(CONFIG)}")
     if threads:
@@ -132,9 +133,9 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
     bs = batch_size if batch_size is not None else mode["batch"]
     t_start = time.perf_counter()
     if task_name.startswith("twobody"):
-        task = datasets.TASKS[task_name](0, trajectories=mode["trajectories"])
+        task = datasets.TASKS[task_name](data_seed, trajectories=mode["trajectories"])
     else:
-        task = datasets.TASKS[task_name](0)
+        task = datasets.TASKS[task_name](data_seed)
     shooting = dict(SHOOTING[task_name], **(shooting or {}))
     all_arms = every_arm = make_arms(task, b_model=b_model, node_window=node_window, shooting=shooting)
     out = Path(out)
@@ -154,6 +155,9 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
     keep = {}
     if from_partial:       # a run stopped early: report the seeds it finished, train nothing
         part = json.loads(stem.with_name(stem.name + "_partial.json").read_text())
+        if part.get("data_seed", 0) != data_seed:
+            raise ValueError(f"--from-partial: that run drew data seed {part.get('data_seed', 0)}, "
+                             f"this one asks for {data_seed}")
         results = {k: v for k, v in part["per_seed"].items() if v}
         n_seeds, n_steps, bs, shooting = part["seeds_done"], part["steps"], part["batch_size"], part["shooting"]
         lr_schedule = part.get("lr_schedule")
@@ -197,7 +201,7 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
         if seed == 0:
             torch.save(keep, _trajectories(stem))
         stem.with_name(stem.name + "_partial.json").write_text(json.dumps(
-            {"task": task_name, "quick": quick, "seeds_done": seed + 1, "steps": n_steps,
+            {"task": task_name, "quick": quick, "data_seed": data_seed, "seeds_done": seed + 1, "steps": n_steps,
              "batch_size": bs, "shooting": shooting, "lr_schedule": lr_schedule, "per_seed": results,
              "wall_seconds": time.perf_counter() - t_start}, indent=1, allow_nan=True))
     if outer is not None:
@@ -205,7 +209,7 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
     wall = time.perf_counter() - t_start
     if merge:
         previous, old_keep = _previous(stem, quick=quick, seeds=n_seeds, steps=n_steps, batch=bs,
-                                        lr_schedule=lr_schedule)
+                                        lr_schedule=lr_schedule, data_seed=data_seed)
         for key, arm in previous["arms"].items():
             if key not in results:
                 results[key] = arm["per_seed"]
@@ -265,7 +269,7 @@ def _previous(stem: Path, **expected):
         raise FileNotFoundError(f"--merge needs an earlier report {path}")
     rep = json.loads(path.read_text())
     got = dict(quick=rep["quick"], seeds=rep["seeds"], steps=rep["steps"], batch=rep["batch_size"],
-               lr_schedule=rep.get("lr_schedule"))
+               lr_schedule=rep.get("lr_schedule"), data_seed=rep["data"].get("seed", 0))
     if got != expected:
         raise ValueError(f"--merge: {path} was run with {got}, this run is {expected}")
     traj = _trajectories(stem)
@@ -454,6 +458,8 @@ def main(argv=None):
     ap.add_argument("--node-window", type=int, default=5)
     ap.add_argument("--lr-schedule", choices=["config", "constant", "cosine"], default="config",
                     help="learning-rate schedule of every arm (default: the task's CONFIG)")
+    ap.add_argument("--data-seed", type=int, default=0,
+                    help="the task's draw of trajectories and noise (default 0, the study's)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--out", default="results")
     ap.add_argument("--merge", action="store_true",
@@ -491,7 +497,7 @@ def main(argv=None):
               arm_keys=args.arms.split(",") if args.arms else None, out=args.out,
               progress=not args.no_progress, b_model=args.b_model, node_window=args.node_window,
               threads=args.threads, merge=args.merge, shooting=shooting,
-              from_partial=args.from_partial,
+              from_partial=args.from_partial, data_seed=args.data_seed,
               lr_schedule=None if args.lr_schedule == "constant" else args.lr_schedule)
     print(markdown(rep))
 

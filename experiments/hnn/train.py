@@ -171,13 +171,14 @@ def shooting_fit(arm: Arm, model, task: Task, *, shooting: dict | None = None) -
 def train(arm: Arm, task: Task, *, seed: int, steps: int, batch_size: int | None, lr: float,
           weight_decay: float, substeps: int = 1, width: int = 200, depth: int = 2,
           progress: bool = True, max_time: float | None = None, dtype=torch.float32,
-          shooting: dict | None = None, lr_schedule=None):
-    """Seeded model + fit; returns (model, fit history).  The shooting arms fit a
+          shooting: dict | None = None, lr_schedule=None, model=None):
+    """Seeded model + fit; returns (model, fit history).  ``model``: train this module in place of
+    the arm's network (the parametric probe, :mod:`experiments.hnn.parametric`).  The shooting arms fit a
     TrajectoryFit (model + node states, the states with their own lr and no weight decay) on
     batches of ``batch_size × batch_factor`` segments; the model is returned alone.
     ``lr_schedule``: fit's (None: constant lr; "cosine"), the same for every arm."""
     seed_everything(seed)
-    model = build_model(arm, task, width=width, depth=depth).to(dtype)
+    model = (build_model(arm, task, width=width, depth=depth) if model is None else model).to(dtype)
     desc = f"{task.name}, {arm.label}, seed {seed}"
     if arm.loss == "shooting":
         sh = dict(SHOOTING, **(shooting or {}))
