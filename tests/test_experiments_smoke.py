@@ -424,7 +424,7 @@ def test_hnn_study_shooting_arms_tiny(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(hnn_train, "rollout_model", real_rollout)
 
 
-def test_hnn_parametric_probe_tiny(tmp_path, monkeypatch):
+def test_hnn_parametric_probe_tiny(tmp_path, monkeypatch, capsys):
     """experiments.hnn.parametric: each family holds its task's true H (at the true coefficients,
     up to a constant), derivative matching's closed form recovers them from exact data, and a toy
     run reports every arm for every data seed with paired ratios to (a)."""
@@ -481,3 +481,11 @@ def test_hnn_parametric_probe_tiny(tmp_path, monkeypatch):
     summary, rows = parametric.shape_scan([0], steps=300, lr=0.05, out=tmp_path, noise=0.0)
     assert abs(rows[0]["shape_offset"]) < 1e-4 and rows[0]["eps_H_corrected"] < 0.02 * rows[0]["eps_H"]
     assert summary["correction_raises_eps_H"] == 0 and (tmp_path / "hnn_parametric_shape.json").exists()
+    for argv, message in ((["--replot", "--out", str(tmp_path / "none")], "no report"),
+                          (["--shape-scan", "3"], "FIRST:STOP"), (["--data-seeds", "0"], "at least 1")):
+        with pytest.raises(SystemExit):
+            parametric.main(argv)
+        assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        hnn_run.main(["--task", "spring", "--data-seed", "-1"])
+    assert "--data-seed must be >= 0" in capsys.readouterr().err

@@ -317,8 +317,12 @@ def main(argv=None):
                   f"ε_H {r['eps_H']:.2e} → corrected {r['eps_H_corrected']:.2e}")
         print(json.dumps(summary))
         return
+    if args.data_seeds < 1 or (args.steps is not None and args.steps < 1):
+        ap.error(f"--data-seeds and --steps must be at least 1, got {args.data_seeds}, {args.steps}")
     if args.replot:
         out = Path(args.out)
+        if not (out / "hnn_parametric.json").exists():
+            ap.error(f"--replot: no report {out / 'hnn_parametric.json'} (run the probe with --out {out} first)")
         rep = json.loads((out / "hnn_parametric.json").read_text())
         (out / "hnn_parametric.md").write_text(markdown(rep))
         plot(rep, out / "hnn_parametric.png")

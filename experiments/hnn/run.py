@@ -486,6 +486,8 @@ def main(argv=None):
         return
     if not args.task:
         ap.error("--task is required (or --table DIR, or --compare QUICK_JSON FULL_JSON)")
+    if args.data_seed < 0:
+        ap.error(f"--data-seed must be >= 0, got {args.data_seed}")
     shooting = {k: v for k, v in dict(segment=args.segment, continuity=args.continuity,
                                       state_lr=args.state_lr, method2=args.method2,
                                       substeps2=args.substeps2,
