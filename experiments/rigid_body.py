@@ -200,7 +200,6 @@ def write_tables(out_dir, rows, conv, mode):
     print("\n".join(lines))
 
 
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="10x fewer long-run steps, N ≤ 128")

@@ -38,7 +38,7 @@ from torch import nn
 from torchgeo_int import SeparableHamiltonian
 
 from . import data as datasets
-from .run import CONFIG, SHOOTING, TRAINING_FAILURES
+from .run import CONFIG, SHOOTING, TRAINING_FAILURES, _mean_se
 from .train import arms as make_arms
 from .train import evaluate, failed_metrics, train
 
@@ -236,12 +236,7 @@ def shape_scan(data_seeds, *, steps: int = 1000, lr: float = 1e-2, out="results"
 def summarize(rows):
     """mean, s.e. over the data seeds (finite values only) of each metric and coefficient; the
     geometric mean of the ratio to (a) is left to the report (paired by data seed)."""
-    out = {}
-    for m in METRICS + ("b", "a"):
-        v = np.asarray([r.get(m, math.inf) for r in rows], dtype=float)
-        v = v[np.isfinite(v)]
-        out[m] = (float(v.mean()), float(v.std(ddof=1) / math.sqrt(v.size)) if v.size > 1 else math.nan) \
-            if v.size else (None, None)
+    out = {m: _mean_se([r.get(m) for r in rows]) for m in METRICS + ("b", "a")}
     out["failed"] = sum("failed" in r for r in rows)
     return out
 
