@@ -55,6 +55,7 @@ K = 4                     # steps per training window
 T_TRAIN, T_TEST = 10.0, 20.0
 TASKS = ("damped", "controlled")
 ARMS = ("ours_midpoint", "ours_verlet", "dhnn_fd", "node")
+DEFAULT_SEEDS, QUICK_SEEDS = 3, 1
 
 
 def energy(q, p):
@@ -190,9 +191,9 @@ def main(argv=None):
                     help=f"comma-separated subset of {', '.join(TASKS)}")
     ap.add_argument("--out", default="results")
     args = ap.parse_args(argv)
-    n_train, n_test, steps, seeds, horizon = 32, 16, 3000, 3, T_TEST
+    n_train, n_test, steps, seeds, horizon = 32, 16, 3000, DEFAULT_SEEDS, T_TEST
     if args.quick:
-        n_train, n_test, steps, seeds, horizon = 4, 2, 3, 1, 2.0
+        n_train, n_test, steps, seeds, horizon = 4, 2, 3, QUICK_SEEDS, 2.0
     steps = steps if args.steps is None else args.steps
     seeds = seeds if args.seeds is None else args.seeds
     if steps < 1:
@@ -250,19 +251,23 @@ def main(argv=None):
                     per_seed=ratio, of_means=summary["dhnn_fd"]["state_mse"][0] / summary[ours]["state_mse"][0])
         report["tasks"][task] = summary
         if not args.arms:
-            _plot(out / f"{report_stem([task], steps, [], args.quick)}.png", task, curves,
+            _plot(out / f"{report_stem([task], steps, [], args.quick, seeds)}.png", task, curves,
                   E_true.mean(0), qte[0, :, 0], n_steps)
-    stem = report_stem(tasks, steps, arms, args.quick)
+    stem = report_stem(tasks, steps, arms, args.quick, seeds)
     (out / f"{stem}.json").write_text(json.dumps(report, indent=1))
     (out / f"{stem}.md").write_text(_markdown(report, arms))
     print(_markdown(report, arms))
     return report
 
 
-def report_stem(tasks, steps, arms, quick=False):
+def report_stem(tasks, steps, arms, quick=False, seeds=None):
     """File stem of a run's report: the tasks, the budget and the arms, e.g.
-    ``dissipative_damped_2000steps_ours_midpoint_dhnn_fd`` (``dissipative_quick_…`` for --quick)."""
-    return "_".join(["dissipative", *(["quick"] if quick else []), *tasks, f"{steps}steps", *arms])
+    ``dissipative_damped_2000steps_ours_midpoint_dhnn_fd`` (``dissipative_quick_…`` for --quick);
+    a seed count other than the default adds ``_<N>seeds`` after the budget, so runs that differ
+    only in ``--seeds`` do not overwrite each other (and the default keeps the README's names)."""
+    default = QUICK_SEEDS if quick else DEFAULT_SEEDS
+    n = [] if seeds is None or seeds == default else [f"{seeds}seeds"]
+    return "_".join(["dissipative", *(["quick"] if quick else []), *tasks, f"{steps}steps", *n, *arms])
 
 
 def _names(ap, flag, value, known):

@@ -99,4 +99,8 @@ def test_dissipative_report_names_differ_by_task_and_budget():
     assert a == "dissipative_damped_2000steps_ours_midpoint_dhnn_fd"
     assert len({a, report_stem(["damped"], 4000, ["ours_midpoint", "dhnn_fd"]),
                 report_stem(["controlled"], 2000, ["ours_midpoint", "dhnn_fd"]),
-                report_stem(["damped"], 2000, ["ours_midpoint", "dhnn_fd"], quick=True)}) == 4
+                report_stem(["damped"], 2000, ["ours_midpoint", "dhnn_fd"], quick=True),
+                report_stem(["damped"], 2000, ["ours_midpoint", "dhnn_fd"], seeds=5)}) == 5
+    # the default seed count keeps the names the README quotes
+    assert report_stem(["damped"], 2000, ["ours_midpoint"], seeds=3) == report_stem(["damped"], 2000, ["ours_midpoint"])
+    assert report_stem(["damped"], 3, [], quick=True, seeds=1) == "dissipative_quick_damped_3steps"
