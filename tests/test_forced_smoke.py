@@ -5,6 +5,7 @@ import math
 import pathlib
 import sys
 
+import pytest
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -51,6 +52,19 @@ def test_losses_vanish_on_the_models_own_steps():
     assert float(forced_rollout_loss(m, q, p, dt=0.2, control=u, method="implicit_midpoint")) < 1e-20
     dq, dp = tgi.nn.finite_differences(q, p, 0.2)
     assert float(forced_derivative_loss(m, q, p, dq, dp, dt=0.2, control=u)) > 1e-8
+
+
+def test_a_loss_without_control_keeps_the_models_control():
+    """control=None uses the control already set (the losses leave theirs set); a model with an
+    input map and no control at all is refused with the reason."""
+    m = _model(n_controls=1)
+    q, p = torch.randn(3, 4, 2, dtype=DT), torch.randn(3, 4, 2, dtype=DT)
+    with pytest.raises(ValueError, match="an input map was given but no control"):
+        forced_rollout_loss(m, q, p, dt=0.1)
+    u = torch.tensor([0.7], dtype=DT)
+    with_u = forced_rollout_loss(m, q, p, dt=0.1, control=u)
+    assert torch.equal(forced_rollout_loss(m, q, p, dt=0.1), with_u)
+    assert not torch.equal(forced_rollout_loss(m, q, p, dt=0.1, control=-u), with_u)
 
 
 def test_training_through_forced_verlet_reduces_the_loss():

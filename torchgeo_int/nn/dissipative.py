@@ -161,6 +161,8 @@ def forced_rollout_loss(model, q: Tensor, p: Tensor, *, dt: float, control=None,
     r"""(1 / 2knN) Σ |Φ^{∘j}(x₀) − x_j|² over windows ``(N, k + 1, n)`` (½ the mean over every
     coordinate, as :func:`~torchgeo_int.nn.rollout_loss`), Φ = ``substeps`` steps of ``method``
     on the forced model with step dt/substeps, from t = 0 at each window's start.
+    ``control``: u, set as ``model.control`` and left set (as in every forced loss); None keeps
+    the control the model already has (a model with an input map and no control is refused).
     ``layout``: as :func:`~torchgeo_int.nn.rollout_loss`'s (time-first data are refused)."""
     dt = check_nonzero(dt, "dt")
     q, p = check_layout(q, p, layout, "forced_rollout_loss")
