@@ -106,6 +106,27 @@ def test_delegated_odeint_checks_y0_and_the_first_func_output(method):
         tgi.odeint(lambda t, y: y * float("nan"), torch.ones(2, dtype=DT), t, method=method)
 
 
+@pytest.mark.parametrize("method", ["dopri5", "rk4"])
+def test_delegated_odeint_checks_dtype_tolerances_and_step_size(method):
+    """torchdiffeq runs with rtol < 0, and fails on an integer y0 ("nextafter_cpu" not
+    implemented) or a zero step ("unsupported range"): refused first, naming the argument; a
+    complex y0, which torchdiffeq supports, still runs."""
+    f = lambda t, y: -y                                          # noqa: E731
+    t = torch.tensor([0.0, 1.0], dtype=DT)
+    y0 = torch.ones(2, dtype=DT)
+    with pytest.raises(TypeError, match="y0 must be a floating-point .* got dtype torch.int64"):
+        tgi.odeint(f, torch.ones(2, dtype=torch.int64), t, method=method)
+    for kw, match in ((dict(rtol=-1e-6), "rtol must be finite and >= 0"),
+                      (dict(atol=float("nan")), "atol must be finite and >= 0"),
+                      (dict(options=dict(step_size=0.0)), r"options\['step_size'\] must be a finite number > 0"),
+                      (dict(options=dict(step_size=-0.1)), r"options\['step_size'\] must be a finite number > 0")):
+        with pytest.raises(ValueError, match=match):
+            tgi.odeint(f, y0, t, method=method, **kw)
+    z = tgi.odeint(f, torch.ones(2, dtype=torch.complex128), t, method=method,
+                   **(dict(options=dict(step_size=0.01)) if method == "rk4" else {}))
+    assert torch.allclose(z[-1].real, torch.full((2,), math.exp(-1.0), dtype=DT), atol=1e-6)
+
+
 def test_delegated_odeint_tuple_state_and_t_gradient_still_work():
     t = torch.tensor([0.0, 0.5, 1.0], dtype=DT, requires_grad=True)
     y0 = (torch.ones(2, dtype=DT, requires_grad=True), torch.ones(3, dtype=DT))

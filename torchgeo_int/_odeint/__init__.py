@@ -179,14 +179,23 @@ def odeint(func, y0, t, *, rtol=1e-7, atol=1e-9, method=None, options=None, even
                 f"options['adaptive'] = {options['adaptive']!r} is the reversible variable steps "
                 f"of the geometric methods (verlet, yoshida4, implicit_midpoint, ...); "
                 f"torchdiffeq's method {method or 'dopri5'!r} has its own error control (rtol, atol)")
-        # torchdiffeq broadcasts a func of the wrong shape, turns an inf in t into NaN rows and
-        # loops on a NaN y0 ("underflow in dt"): the same checks as the geometric path first.
+        # torchdiffeq broadcasts a func of the wrong shape, turns an inf in t into NaN rows,
+        # loops on a NaN y0 ("underflow in dt"), runs with a negative tolerance and fails on an
+        # integer y0 or a zero step_size with messages that name neither: the geometric path's
+        # checks first.
         check_times(t)
+        tol_values(rtol, "rtol"), tol_values(atol, "atol")
+        if isinstance(options, Mapping) and "step_size" in options:
+            check_step_size(options["step_size"])
         if isinstance(y0, (torch.Tensor, tuple)):
             parts = y0 if isinstance(y0, tuple) else (y0,)
             for i, c in enumerate(parts):
+                what = "y0" if len(parts) == 1 else f"y0[{i}]"
+                if isinstance(c, torch.Tensor) and not (c.is_floating_point() or c.is_complex()):
+                    raise TypeError(f"{what} must be a floating-point (or complex) tensor, got "
+                                    f"dtype {c.dtype}")
                 if isinstance(c, torch.Tensor) and not bool(torch.isfinite(c).all()):
-                    raise ValueError(f"{'y0' if len(parts) == 1 else f'y0[{i}]'} contains NaN or inf")
+                    raise ValueError(f"{what} contains NaN or inf")
             if callable(func):
                 func = FirstCallCheck(func, y0)
         return torchdiffeq.odeint(func, y0, t, rtol=rtol, atol=atol, method=method,
