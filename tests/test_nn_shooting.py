@@ -184,6 +184,8 @@ def test_trajectory_fit_errors():
         TrajectoryFit(H, q, p, dt=0.1, gauss_newton=1, solve_every=0)
     with pytest.raises(ValueError, match="solve_every = 2 applies to solved states"):
         TrajectoryFit(H, q, p, dt=0.1, solve_every=2)
+    with pytest.raises(ValueError, match=r"model's states have dim 2 \(model.dim\) but the data's have n = 1"):
+        TrajectoryFit(SeparableHNN(2, width=4), q, p, dt=0.1)
     solved = TrajectoryFit(SeparableHNN(1, width=4), q, p, dt=0.1, gauss_newton=1)
     with pytest.raises(ValueError, match="state_lr has no effect"):
         solved.optimizer(state_lr=1e-2)

@@ -121,6 +121,11 @@ class TrajectoryFit(nn.Module):
                      if k not in ("grad", "check_every", "compile", "progress")})
         self.rollout_options = rollout_options
         B, T, n = q.shape
+        d = getattr(model, "dim", None)
+        if isinstance(d, int) and not isinstance(d, bool) and d != n:
+            # caught here, not at the first loss, where only the network's input check would name it
+            raise ValueError(f"TrajectoryFit: the model's states have dim {d} (model.dim) but the "
+                             f"data's have n = {n} (q, p of shape (B, T, n) = {tuple(q.shape)})")
         intervals = T - 1
         seg = intervals if segment is None else check_int(segment, "segment", 1)
         if intervals % seg:
