@@ -1,6 +1,6 @@
 r"""The library's main paths on a GPU, each compared with the same computation on the CPU.
 
-    python -m experiments.gpu_check [--device cuda] [--out results/gpu_check]
+    python -m experiments.gpu_check [--device cuda] [--out results/gpu_check] [--only SUBSTRING ...]
 
 CI has no GPU, so the test suite runs everything on the CPU; this script is the device check
 (run it where ``torch.cuda.is_available()``).  Every row runs one path in float64 on the device
@@ -20,6 +20,11 @@ looser for chaotic or trained quantities).  Rows:
 * HNN: 5 Adam steps of ``SeparableHNN`` on a Verlet ``rollout_loss``, and of a
   ``TrajectoryFit`` (learned initial states, 2 shooting segments);
 * ``MemoryError``: a rollout that cannot fit the device's free memory is refused before a step.
+
+``--device`` defaults to ``cuda``; without CUDA the script refuses it with one line (exit 2)
+instead of comparing the CPU with itself: ``--device cpu`` runs the rows on the CPU against the
+CPU (how the test suite runs it).  ``--only`` keeps the rows whose names contain one of its
+substrings (at least one row must match).
 
 Writes ``results/gpu_check.{md,json}`` (or ``--out``); exits 1 if a row failed.
 """
@@ -163,7 +168,7 @@ def _memory(dev):
     return torch.tensor([0.0], device=dev)
 
 
-CHECKS = [   # name, run(device) -> tensor or tuple of tensors, tolerance, CPU reference dtype
+CHECKS = [   # name, run(device) -> tensor or tuple of tensors (compared with run(cpu)), tolerance
     ("rollout verlet eager, every state", _rollout(kepler()), 1e-9),
     ("rollout verlet compile=True", _rollout(kepler(), compile=True), 1e-9),
     ("rollout verlet compile=True float32", _rollout(kepler(), dtype=torch.float32, compile=True), 1e-3),
@@ -197,11 +202,24 @@ def _flat(x):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", default="cuda",
+                    help="the device checked against the CPU (default cuda; cpu: the CPU against itself)")
     ap.add_argument("--out", default=str(ROOT / "results" / "gpu_check"))
     ap.add_argument("--only", nargs="*", default=None, help="substrings of row names")
     a = ap.parse_args(argv)
-    dev, cpu = torch.device(a.device), torch.device("cpu")
+    try:
+        dev, cpu = torch.device(a.device), torch.device("cpu")
+    except RuntimeError:
+        ap.error(f"--device {a.device!r} is not a torch device (cuda, cuda:1, cpu, ...)")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        ap.error(f"--device {a.device}: CUDA is not available on this machine (torch {torch.__version__}); "
+                 "this is the GPU check: run it on a GPU machine, or --device cpu to run its rows "
+                 "on the CPU against the CPU")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        ap.error(f"--device {a.device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if a.only and not any(s in name for name, _, _ in CHECKS for s in a.only):
+        ap.error(f"--only {' '.join(a.only)}: no row's name contains any of these; rows: "
+                 + "; ".join(name for name, _, _ in CHECKS))
     print(f"device: {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else dev}, "
           f"torch {torch.__version__}", flush=True)
     rows = []

@@ -1,5 +1,5 @@
 """Problems shared by the experiments (and the test suite): Kepler and the outer solar system;
-and the experiments' one argparse type for a list of step counts."""
+and the experiments' argparse types: a list of step counts, an int with a lower bound."""
 from __future__ import annotations
 
 import argparse
@@ -72,3 +72,16 @@ def step_counts(text: str) -> list[int]:
     if len(Ns) < 2 or min(Ns) < 2 or sorted(set(Ns)) != Ns:
         raise argparse.ArgumentTypeError(f"expected at least 2 increasing step counts ≥ 2, got {text!r}")
     return Ns
+
+
+def int_at_least(minimum: int):
+    """argparse type: an int ≥ ``minimum`` (a one-line error otherwise, not a traceback)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+        return value
+    return parse

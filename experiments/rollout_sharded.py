@@ -8,13 +8,18 @@ the same global batch from ``--seed`` and rolls out its contiguous shard with
 ``tgi.rollout``), in ``--chunk`` steps per call so memory stays bounded.  Rank 0 prints the
 energy error (max / mean of |H(x_t) − H(x_0)| over samples and saved times) and the
 throughput in sample-steps per second per rank and in total (B·steps / the slowest rank), and
-writes ``results/rollout_sharded.json`` and ``.md``.  Wall-clock numbers depend on the load.
-On GPUs (``--device cuda``) each process takes GPU LOCAL_RANK and the nccl backend.
+writes ``results/rollout_sharded.json`` and ``.md`` (or ``--out PATH``: ``PATH.json``, ``PATH.md``).
+The timed loop includes the energy evaluations at the saved states.  Wall-clock numbers depend
+on the load.  On GPUs (``--device cuda``) each process takes GPU LOCAL_RANK and the nccl backend.
+``--save-every`` must divide ``--steps`` and the chunk (``min(--chunk, --steps)``), and
+``--chunk`` must divide ``--steps`` when it is smaller; ``--method`` is one of the Hamiltonian
+methods or explicit splittings (``tgi.METHODS``, ``tgi.SPLITTING_METHODS``).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -22,10 +27,16 @@ from pathlib import Path
 
 import torch
 
+import torchgeo_int as tgi
 from torchgeo_int.distributed import cleanup, init_from_env, sharded_rollout
 from torchgeo_int.systems import SeparableHamiltonian
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:        # run as a script: the experiments package is beside it
+    sys.path.insert(0, str(ROOT))
+from experiments.problems import int_at_least  # noqa: E402
+
+RESULTS = ROOT / "results"
 
 
 def kepler():
@@ -42,25 +53,53 @@ def initial_conditions(B, seed, dtype):
     return q0.to(dtype), p0.to(dtype)
 
 
+
+def nonzero_float(text: str) -> float:
+    """argparse type of the step size: finite and not 0 (negative steps integrate backwards)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value == 0:
+        raise argparse.ArgumentTypeError(f"expected a finite nonzero step size, got {text}")
+    return value
+
+
+#: the methods of a (q, p) Hamiltonian rollout of the separable Kepler system
+METHOD_NAMES = sorted(set(tgi.METHODS) | set(tgi.SPLITTING_METHODS))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--batch", type=int, default=100_000)
-    ap.add_argument("--steps", type=int, default=1000)
-    ap.add_argument("--h", type=float, default=0.01)
-    ap.add_argument("--method", default="verlet")
-    ap.add_argument("--save-every", type=int, default=10)
-    ap.add_argument("--chunk", type=int, default=100, help="steps per rollout call (memory bound)")
+    ap.add_argument("--batch", type=int_at_least(1), default=100_000)
+    ap.add_argument("--steps", type=int_at_least(1), default=1000)
+    ap.add_argument("--h", type=nonzero_float, default=0.01)
+    ap.add_argument("--method", default="verlet", choices=METHOD_NAMES, metavar="METHOD",
+                    help="a name of tgi.METHODS or tgi.SPLITTING_METHODS (default verlet)")
+    ap.add_argument("--save-every", type=int_at_least(1), default=10)
+    ap.add_argument("--chunk", type=int_at_least(1), default=100,
+                    help="steps per rollout call (memory bound)")
     ap.add_argument("--dtype", choices=["float32", "float64"], default="float64")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads per process")
+    ap.add_argument("--threads", type=int_at_least(1), default=None, help="torch threads per process")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="batch 2000, 200 steps")
-    ap.add_argument("--out", default=str(RESULTS / "rollout_sharded"))
+    ap.add_argument("--out", default=str(RESULTS / "rollout_sharded"),
+                    help="writes OUT.json and OUT.md (default results/rollout_sharded)")
     a = ap.parse_args(argv)
     if a.quick:
         a.batch, a.steps = 2000, 200
     if a.steps % a.chunk and a.chunk < a.steps:
         ap.error(f"--steps ({a.steps}) must be a multiple of --chunk ({a.chunk})")
+    chunk = min(a.chunk, a.steps)
+    if a.steps % a.save_every or chunk % a.save_every:
+        ap.error(f"--save-every ({a.save_every}) must divide --steps ({a.steps}) and the chunk "
+                 f"({chunk}): each chunk starts from the last saved state")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if a.batch < world:
+        ap.error(f"--batch ({a.batch}) is smaller than the {world} processes")
+    if a.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: CUDA is not available on this machine (use --device cpu)")
     if a.threads is not None:
         torch.set_num_threads(a.threads)
     info = init_from_env(device=a.device)
@@ -73,7 +112,7 @@ def main(argv=None):
                         device=info.device)
         with torch.no_grad():
             res = sharded_rollout(kepler(), q0, p0, h=a.h, steps=a.steps, method=a.method,
-                                  save_every=a.save_every, chunk_steps=min(a.chunk, a.steps),
+                                  save_every=a.save_every, chunk_steps=chunk,
                                   device=info.device)
     finally:
         cleanup()

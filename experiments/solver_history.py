@@ -1,7 +1,7 @@
 """Time per step of an implicit rollout under grad: the state passed to the solver as ``args``
 (what the library does) vs captured in the solver's closure (what it did before).
 
-    python experiments/solver_history.py [--quick] [--steps 100 200 400] [--batch 8]
+    python experiments/solver_history.py [--quick] [--steps 100 200 400] [--batch 8] [--out results]
 
 A non-separable ``tgi.nn.HNN`` H_θ(q, p) (4→16→1 tanh, orthogonal init, float64), implicit midpoint with
 Newton's method and with fixed-point iteration, rolled out under grad from q₀ that requires
@@ -9,12 +9,14 @@ grad, then one backward.  With the state captured, every Newton Jacobian (forwar
 adjoint iteration (backward) differentiates w.r.t. fresh leaves an output whose graph reaches
 the whole rollout, which autograd then walks: step k costs O(k), the rollout O(steps²).
 Passed as ``args`` the solver detaches it where only ∂/∂z is needed.  Prints a table and
-writes results/solver_history.{md,json}.
+writes ``<out>/solver_history.{md,json}`` (``--out``, default ``results`` in the current
+directory; run it from the repository root).  Step counts and the batch must be ≥ 1.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -22,6 +24,11 @@ import torch
 
 import torchgeo_int as tgi
 from torchgeo_int.solvers import fixed_point, newton
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:        # run as a script: the experiments package is beside it
+    sys.path.insert(0, str(ROOT))
+from experiments.problems import int_at_least  # noqa: E402
 
 
 class CapturedMidpoint(tgi.Integrator):
@@ -67,11 +74,13 @@ def measure(method, steps, batch):
                 grad_q0=q0.grad.detach().clone())
 
 
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--steps", type=int, nargs="+")
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--quick", action="store_true", help="steps 25 50")
+    ap.add_argument("--steps", type=int_at_least(1), nargs="+", help="step counts (default 100 200 400)")
+    ap.add_argument("--batch", type=int_at_least(1), default=8)
+    ap.add_argument("--out", default="results", help="output folder (default: results)")
     args = ap.parse_args(argv)
     steps_list = args.steps or ([25, 50] if args.quick else [100, 200, 400])
     torch.set_num_threads(1)
@@ -98,8 +107,8 @@ def main(argv=None):
     lines += ["", f"Gradients of the two forms agree to {agree:.1e} (relative)."]
     text = "\n".join(lines)
     print(text)
-    out = Path("results")
-    out.mkdir(exist_ok=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "solver_history.md").write_text(text + "\n")
     (out / "solver_history.json").write_text(json.dumps(dict(rows=rows, grad_agreement=agree,
                                                              batch=args.batch), indent=1))

@@ -19,21 +19,28 @@ Measured per (K, mode):
         [--dtype float32|float64] [--iters K ...] [--threads N]
 
 Defaults: batch 4096 x dim 32 (--quick: 512), float32, K = 10 30 100 300 1000 (--quick:
-10 100 1000), one CPU thread (--threads). ~15 s on one CPU core, ~2 s with --quick.
+10 100 1000), one CPU thread (--threads), the GPU when there is one. ~15 s on one CPU core,
+~2 s with --quick.  Batch, dim and K must be ≥ 1; --device cuda without CUDA is refused.
 
-Writes results/solver_memory.{md,json}.
+Writes results/solver_memory.{md,json} (or --out DIR).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 from torchgeo_int.solvers import default_tol, fixed_point
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:        # run as a script: the experiments package is beside it
+    sys.path.insert(0, str(ROOT))
+from experiments.problems import int_at_least  # noqa: E402
 
 MiB = 2.0 ** 20
 
@@ -118,24 +125,29 @@ def run_one(batch, dim, iters, mode, device, dtype):
     return row, grad
 
 
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller batch, fewer sizes")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--batch", type=int, default=None)
-    ap.add_argument("--dim", type=int, default=32)
+    ap.add_argument("--device", choices=["cpu", "cuda"],
+                    default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--batch", type=int_at_least(1), default=None)
+    ap.add_argument("--dim", type=int_at_least(1), default=32)
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    ap.add_argument("--iters", type=int, nargs="+", default=None)
-    ap.add_argument("--threads", type=int, default=1,
+    ap.add_argument("--iters", type=int_at_least(1), nargs="+", default=None,
+                    help="target iteration counts K (each >= 1)")
+    ap.add_argument("--threads", type=int_at_least(0), default=1,
                     help="torch CPU threads (default 1, for stable timings; 0 keeps torch's)")
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results"))
+    ap.add_argument("--out", default=str(ROOT / "results"))
     args = ap.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: CUDA is not available on this machine (use --device cpu)")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     if device.type == "cpu" and args.threads:
         # Intra-op threads only add OpenMP barriers at this size, and on a shared or busy
         # machine a descheduled worker makes an iteration 10-100x slower: timings go erratic.
         torch.set_num_threads(args.threads)
-    batch = args.batch or (512 if args.quick else 4096)
+    batch = args.batch if args.batch is not None else (512 if args.quick else 4096)
     iters_list = args.iters or ([10, 100, 1000] if args.quick else [10, 30, 100, 300, 1000])
 
     for mode in ("implicit", "unroll"):  # warm-up: first-call allocator and dispatch costs

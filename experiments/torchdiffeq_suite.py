@@ -20,8 +20,11 @@ A sub-test is one ``self.subTest(...)`` (or a test without sub-tests), keyed by 
 its parameters.  The report counts the sub-tests run and those failing (failure or error) in each
 run, and lists those that fail through torchgeo_int but pass through torchdiffeq — the goal is
 none.  Writes results/torchdiffeq_suite.{json,md}, and each run's outcomes to
-results/torchdiffeq_suite.<run>.json; ``--reuse torchdiffeq`` takes the torchdiffeq run from
-there (it does not depend on torchgeo_int) when it was made with the same checkout and tests.
+results/torchdiffeq_suite.<run>.json (``--results DIR`` for another folder); ``--reuse
+torchdiffeq`` takes the torchdiffeq run from there (it does not depend on torchgeo_int) when it
+was made with the same checkout and tests.  ``--tests`` names must be modules of ``PATH/tests``,
+``--runs`` and ``--reuse`` names among ``torchdiffeq,torchgeo_int``; a run neither made nor
+reusable, or one past ``--timeout``, ends the script with a one-line error (exit 1).
 """
 from __future__ import annotations
 
@@ -110,7 +113,12 @@ def _run(src, tests, mode, timeout):
         cmd = [sys.executable, "-m", "experiments.torchdiffeq_suite", "--child", mode,
                "--torchdiffeq-src", src, "--tests", ",".join(tests), "--out", out]
         env = dict(os.environ, OMP_NUM_THREADS="1")
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, timeout=timeout, capture_output=True, text=True)
+        try:
+            proc = subprocess.run(cmd, cwd=ROOT, env=env, timeout=timeout, capture_output=True,
+                                  text=True)
+        except subprocess.TimeoutExpired:
+            raise SystemExit(f"torchdiffeq_suite: the {mode} run took longer than --timeout "
+                             f"{timeout:g} s (stopped)") from None
         if proc.returncode != 0 or not os.path.exists(out):
             raise RuntimeError(f"the {mode} run failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
         with open(out) as f:
@@ -118,11 +126,27 @@ def _run(src, tests, mode, timeout):
 
 
 def _commit(src):
+    """The checkout's short commit; not that of a repository the folder merely sits in (a
+    scratch copy inside another checkout would be reported as that checkout's HEAD)."""
+    def git(*args):
+        return subprocess.run(["git", "-C", src, *args], capture_output=True, text=True,
+                              check=True).stdout.strip()
     try:
-        return subprocess.run(["git", "-C", src, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
+        top = pathlib.Path(git("rev-parse", "--show-toplevel")).resolve()
+        if top != pathlib.Path(src).resolve():
+            return "unknown (not a git checkout)"
+        return git("rev-parse", "--short", "HEAD")
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
+
+
+def _names(ap, option, text, known):
+    """The comma-separated names of ``option``, each one of ``known`` (else a one-line error)."""
+    names = [n for n in text.split(",") if n]
+    bad = [n for n in names if n not in known]
+    if bad:
+        ap.error(f"{option}: unknown {', '.join(bad)}; known: {', '.join(known)}")
+    return names
 
 
 def main(argv=None):
@@ -130,37 +154,53 @@ def main(argv=None):
     ap.add_argument("--torchdiffeq-src", required=True, help="a torchdiffeq checkout (package + tests/)")
     ap.add_argument("--tests", default=None,
                     help="comma-separated test modules of PATH/tests (default: every *_tests.py)")
-    ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
+    ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per run (> 0)")
     ap.add_argument("--commit", default=None, help="the checkout's commit, for the report")
     ap.add_argument("--runs", default=",".join(MODES),
                     help="which runs to make now (comma-separated; the others are reused)")
     ap.add_argument("--reuse", default="", help="runs to take from an earlier report if it matches")
+    ap.add_argument("--results", default=str(ROOT / "results"), help="output folder (default results/)")
     ap.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     src = str(pathlib.Path(args.torchdiffeq_src).resolve())
     if not (pathlib.Path(src) / "torchdiffeq").is_dir() or not (pathlib.Path(src) / "tests").is_dir():
         ap.error(f"{src} must hold torchdiffeq/ and tests/ (a torchdiffeq checkout)")
-    tests = (args.tests.split(",") if args.tests else
-             sorted(p.stem for p in (pathlib.Path(src) / "tests").glob("*_tests.py")))
+    available = sorted(p.stem for p in (pathlib.Path(src) / "tests").glob("*.py"))
+    if args.tests:
+        tests = [t.removesuffix(".py") for t in args.tests.split(",") if t]
+        missing = [t for t in tests if t not in available]
+        if missing or not tests:
+            ap.error(f"--tests: no module {', '.join(missing) or '(none given)'} in {src}/tests; "
+                     f"its *_tests modules: {', '.join(t for t in available if t.endswith('_tests'))}")
+    else:
+        tests = [t for t in available if t.endswith("_tests")]
+        if not tests:
+            ap.error(f"{src}/tests has no *_tests.py module")
     if args.child:
         _child(src, tests, args.child, args.out)
         return
-    res = ROOT / "results"
-    res.mkdir(exist_ok=True)
+    runs_now = _names(ap, "--runs", args.runs, MODES)
+    reuse = _names(ap, "--reuse", args.reuse, MODES)
+    if not args.timeout > 0:
+        ap.error(f"--timeout must be > 0 seconds, got {args.timeout:g}")
+    res = pathlib.Path(args.results)
+    res.mkdir(parents=True, exist_ok=True)
     commit = args.commit or _commit(src)
     runs = {}
     for mode in MODES:
         raw = res / f"torchdiffeq_suite.{mode}.json"
-        if mode in args.reuse.split(",") and raw.exists():
+        if mode in reuse and raw.exists():
             old = json.loads(raw.read_text())
             if old.get("tests") == tests and old.get("commit") == commit and old.get("src") == src:
                 runs[mode] = old
                 print(f"reusing the {mode} run of {raw}", flush=True)
                 continue
-        if mode not in args.runs.split(","):
-            print(f"no {mode} run to reuse and none asked for", flush=True)
-            return
+        if mode not in runs_now:
+            why = ("it does not match this checkout and these tests" if mode in reuse and raw.exists()
+                   else f"there is no {raw}" if mode in reuse else "not in --reuse")
+            raise SystemExit(f"torchdiffeq_suite: no {mode} run: not in --runs, and none to reuse "
+                             f"({why})")
         print(f"running torchdiffeq's tests {tests} through {mode} ...", flush=True)
         runs[mode] = dict(_run(src, tests, mode, args.timeout), tests=tests, commit=commit, src=src)
         raw.write_text(json.dumps(runs[mode]))
