@@ -71,8 +71,8 @@ METHOD_NAMES = sorted(set(tgi.METHODS) | set(tgi.SPLITTING_METHODS))
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--batch", type=int_at_least(1), default=100_000)
-    ap.add_argument("--steps", type=int_at_least(1), default=1000)
+    ap.add_argument("--batch", type=int_at_least(1), default=None, help="default 100000 (--quick 2000)")
+    ap.add_argument("--steps", type=int_at_least(1), default=None, help="default 1000 (--quick 200)")
     ap.add_argument("--h", type=nonzero_float, default=0.01)
     ap.add_argument("--method", default="verlet", choices=METHOD_NAMES, metavar="METHOD",
                     help="a name of tgi.METHODS or tgi.SPLITTING_METHODS (default verlet)")
@@ -83,12 +83,14 @@ def main(argv=None):
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--threads", type=int_at_least(1), default=None, help="torch threads per process")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quick", action="store_true", help="batch 2000, 200 steps")
+    ap.add_argument("--quick", action="store_true",
+                    help="batch 2000, 200 steps (where --batch / --steps are not given)")
     ap.add_argument("--out", default=str(RESULTS / "rollout_sharded"),
                     help="writes OUT.json and OUT.md (default results/rollout_sharded)")
     a = ap.parse_args(argv)
-    if a.quick:
-        a.batch, a.steps = 2000, 200
+    # --quick sets the sizes not given, so an explicit --batch or --steps is what runs
+    a.batch = a.batch if a.batch is not None else 2000 if a.quick else 100_000
+    a.steps = a.steps if a.steps is not None else 200 if a.quick else 1000
     if a.steps % a.chunk and a.chunk < a.steps:
         ap.error(f"--steps ({a.steps}) must be a multiple of --chunk ({a.chunk})")
     chunk = min(a.chunk, a.steps)
@@ -136,10 +138,14 @@ def main(argv=None):
         text = "\n".join(lines)
         print(text)
         out = Path(a.out)
+        if out.suffix in (".json", ".md"):
+            out = out.with_suffix("")
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".json").write_text(json.dumps({"config": cfg, "results": res}, indent=2))
-        out.with_suffix(".md").write_text(text + "\n")
-        print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}", file=sys.stderr)
+        # OUT.json, OUT.md appended, not with_suffix: --out run.v2 must not write run.json
+        js, md = out.with_name(out.name + ".json"), out.with_name(out.name + ".md")
+        js.write_text(json.dumps({"config": cfg, "results": res}, indent=2))
+        md.write_text(text + "\n")
+        print(f"wrote {js} and {md}", file=sys.stderr)
 
 
 if __name__ == "__main__":

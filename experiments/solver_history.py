@@ -9,8 +9,8 @@ grad, then one backward.  With the state captured, every Newton Jacobian (forwar
 adjoint iteration (backward) differentiates w.r.t. fresh leaves an output whose graph reaches
 the whole rollout, which autograd then walks: step k costs O(k), the rollout O(steps²).
 Passed as ``args`` the solver detaches it where only ∂/∂z is needed.  Prints a table and
-writes ``<out>/solver_history.{md,json}`` (``--out``, default ``results`` in the current
-directory; run it from the repository root).  Step counts and the batch must be ≥ 1.
+writes ``<out>/solver_history.{md,json}`` (``--out``, default the repository's ``results/``).
+Step counts and the batch must be ≥ 1.
 """
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="steps 25 50")
     ap.add_argument("--steps", type=int_at_least(1), nargs="+", help="step counts (default 100 200 400)")
     ap.add_argument("--batch", type=int_at_least(1), default=8)
-    ap.add_argument("--out", default="results", help="output folder (default: results)")
+    ap.add_argument("--out", default=str(ROOT / "results"), help="output folder (default: results/)")
     args = ap.parse_args(argv)
     steps_list = args.steps or ([25, 50] if args.quick else [100, 200, 400])
     torch.set_num_threads(1)

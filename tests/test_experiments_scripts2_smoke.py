@@ -98,6 +98,20 @@ def test_rollout_sharded_tiny_run_one_process(tmp_path, monkeypatch):
     assert "| total | 40 |" in (tmp_path / "r.md").read_text()
 
 
+def test_rollout_sharded_quick_keeps_explicit_sizes_and_dotted_out_names(tmp_path, monkeypatch):
+    """--quick overrode an explicit --batch / --steps; --out run.v2 wrote run.json (with_suffix)."""
+    from experiments import rollout_sharded
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    rollout_sharded.main(["--quick", "--batch", "8", "--steps", "10", "--save-every", "5",
+                          "--out", str(tmp_path / "run.v2")])
+    rep = json.loads((tmp_path / "run.v2.json").read_text())
+    assert rep["config"]["batch"] == 8 and rep["config"]["steps"] == 10
+    assert (tmp_path / "run.v2.md").exists() and not (tmp_path / "run.json").exists()
+    rollout_sharded.main(["--batch", "4", "--steps", "10", "--save-every", "5",
+                          "--out", str(tmp_path / "named.json")])
+    assert (tmp_path / "named.json").exists() and (tmp_path / "named.md").exists()
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--chunk", "0"], "argument --chunk: expected an integer >= 1, got 0"),   # ZeroDivisionError
     (["--save-every", "7"], "--save-every (7) must divide --steps (100)"),       # library ValueError

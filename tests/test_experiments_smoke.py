@@ -335,12 +335,11 @@ def test_demo_hnn_part_is_a_fixed_budget_and_repeats():
         demo_pendulum(steps=0)
 
 
-def test_solver_history_captured_and_args_forms_agree(tmp_path, monkeypatch):
+def test_solver_history_captured_and_args_forms_agree(tmp_path):
     """experiments/solver_history.py: the closure-capturing midpoint it times against is the
     same map with the same gradients as the library's."""
     import experiments.solver_history as sh
-    monkeypatch.chdir(tmp_path)
-    rows, agree = sh.main(["--steps", "4", "--batch", "3"])
+    rows, agree = sh.main(["--steps", "4", "--batch", "3", "--out", str(tmp_path / "results")])
     assert len(rows) == 4 and agree < 1e-12
     assert (tmp_path / "results" / "solver_history.md").stat().st_size > 0
 
