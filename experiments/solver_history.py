@@ -74,7 +74,6 @@ def measure(method, steps, batch):
                 grad_q0=q0.grad.detach().clone())
 
 
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="steps 25 50")

@@ -184,7 +184,8 @@ def odeint(func, y0, t, *, rtol=1e-7, atol=1e-9, method=None, options=None, even
         # integer y0 or a zero step_size with messages that name neither: the geometric path's
         # checks first.
         check_times(t)
-        tol_values(rtol, "rtol"), tol_values(atol, "atol")
+        tol_values(rtol, "rtol")
+        tol_values(atol, "atol")
         if isinstance(options, Mapping) and "step_size" in options:
             check_step_size(options["step_size"])
         if isinstance(y0, (torch.Tensor, tuple)):
