@@ -43,6 +43,7 @@ import torchgeo_int as tgi
 from torchgeo_int import nn as tnn
 
 from experiments.bench.throughput import energy_kepler
+from experiments.problems import report_paths
 from experiments.rollout_sharded import initial_conditions, kepler
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -252,11 +253,10 @@ def main(argv=None):
         print(f"{'ok  ' if row['passed'] else 'FAIL'} {name}: "
               + (f"diff {row['max_abs_diff']:.2e} (tol {tol:g}), {row['seconds']:.2f} s"
                  if "max_abs_diff" in row else row.get("error", "")), flush=True)
-    out = pathlib.Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    js, md = report_paths(a.out)
     meta = dict(device=str(dev), name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
                 torch=torch.__version__)
-    out.with_suffix(".json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    js.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     lines = [f"GPU check on {meta['name']} (torch {meta['torch']}), each row against the CPU", "",
              "| check | passed | max abs diff | tol | seconds (first call) | error |",
              "|---|---|---|---|---|---|"]
@@ -264,7 +264,7 @@ def main(argv=None):
         lines.append(f"| {r['check']} | {'yes' if r['passed'] else '**no**'} | "
                      f"{r.get('max_abs_diff', float('nan')):.2e} | {r['tol']:g} | "
                      f"{r.get('seconds', float('nan')):.2f} | {r.get('error', '')} |")
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    md.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     failed = [r["check"] for r in rows if not r["passed"]]
     print(f"{len(rows) - len(failed)}/{len(rows)} passed" + (f"; failed: {failed}" if failed else ""))

@@ -1,5 +1,6 @@
 """Problems shared by the experiments (and the test suite): Kepler and the outer solar system;
-and the experiments' argparse types: a list of step counts, an int with a lower bound."""
+the experiments' argparse types (a list of step counts, an int with a lower bound) and the
+paths of an ``--out NAME`` report."""
 from __future__ import annotations
 
 import argparse
@@ -85,3 +86,14 @@ def int_at_least(minimum: int):
             raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
         return value
     return parse
+
+
+def report_paths(out) -> tuple[pathlib.Path, pathlib.Path]:
+    """``NAME.json``, ``NAME.md`` of an ``--out NAME`` report, its folder created: the suffix is
+    appended (``--out run.v2`` writes ``run.v2.json``, where ``with_suffix`` wrote ``run.json``),
+    and a ``.json`` / ``.md`` given with the name is taken as the name's own."""
+    out = pathlib.Path(out)
+    if out.suffix in (".json", ".md"):
+        out = out.with_suffix("")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out.with_name(out.name + ".json"), out.with_name(out.name + ".md")

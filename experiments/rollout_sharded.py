@@ -34,7 +34,7 @@ from torchgeo_int.systems import SeparableHamiltonian
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:        # run as a script: the experiments package is beside it
     sys.path.insert(0, str(ROOT))
-from experiments.problems import int_at_least  # noqa: E402
+from experiments.problems import int_at_least, report_paths  # noqa: E402
 
 RESULTS = ROOT / "results"
 
@@ -137,12 +137,7 @@ def main(argv=None):
                   "", "Wall-clock numbers depend on the machine's load."]
         text = "\n".join(lines)
         print(text)
-        out = Path(a.out)
-        if out.suffix in (".json", ".md"):
-            out = out.with_suffix("")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        # OUT.json, OUT.md appended, not with_suffix: --out run.v2 must not write run.json
-        js, md = out.with_name(out.name + ".json"), out.with_name(out.name + ".md")
+        js, md = report_paths(a.out)
         js.write_text(json.dumps({"config": cfg, "results": res}, indent=2))
         md.write_text(text + "\n")
         print(f"wrote {js} and {md}", file=sys.stderr)

@@ -169,6 +169,18 @@ def test_gpu_check_refuses_an_only_that_matches_no_row_and_a_bad_device(tmp_path
     assert not (tmp_path / "gc.json").exists()
 
 
+def test_gpu_check_writes_dotted_out_names_whole(tmp_path):
+    """--out gc.v2 wrote gc.json / gc.md (with_suffix); now gc.v2.json / gc.v2.md, as
+    rollout_sharded (one helper, experiments.problems.report_paths)."""
+    from experiments import gpu_check
+    from experiments.problems import report_paths
+    assert gpu_check.main(["--device", "cpu", "--only", "MemoryError", "--out", str(tmp_path / "gc.v2")]) == 0
+    assert (tmp_path / "gc.v2.json").exists() and (tmp_path / "gc.v2.md").exists()
+    assert not (tmp_path / "gc.json").exists()
+    assert report_paths(tmp_path / "d" / "r.json") == (tmp_path / "d" / "r.json", tmp_path / "d" / "r.md")
+    assert (tmp_path / "d").is_dir()
+
+
 # ----------------------------------------------------------------------------- gpu_session.sh
 
 @NO_CUDA
