@@ -361,3 +361,22 @@ def test_time_transformed_rollout_counts_its_steps_and_takes_g_of_q():
                                          g=lambda q, p: q.norm(dim=-1))
     assert tr.steps == 10
     assert torch.equal(a.q, b.q)
+
+
+def test_until_is_checked_as_a_time():
+    """until was read by float(until): a string ran, an until requiring grad lost its gradient
+    silently, and one of two elements failed with torch's "only one element tensors can be
+    converted"; now checked as t0 and h are, naming until."""
+    H = kepler_system()
+    q0, p0 = batch(0.5, 0.6)
+    for until, err, match in (("2.0", TypeError, "until must be a real number, got str"),
+                              (torch.tensor(2.0, requires_grad=True), ValueError, "until requires grad"),
+                              (torch.tensor([2.0, 3.0]), TypeError, r"until must be .*0-d real tensor")):
+        with pytest.raises(err, match=match):
+            tgi.adaptive_rollout(H, q0, p0, eps=0.05, until=until)
+        with pytest.raises(err, match=match):
+            tgi.time_transformed_rollout(H, q0, p0, eps=0.1, until=until, chunk=8)
+    with torch.no_grad():
+        a = tgi.adaptive_rollout(H, q0, p0, eps=0.05, until=torch.tensor(2.0))   # 0-d: a time
+        b = tgi.adaptive_rollout(H, q0, p0, eps=0.05, until=2.0)
+    assert torch.equal(a.t, b.t) and bool((a.t[-1] >= 2.0).all())

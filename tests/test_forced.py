@@ -332,3 +332,29 @@ def test_discrete_work_times_and_inputs():
         discrete_work(F, q, p, h=0.0)
     with pytest.raises(ValueError, match="same shape"):
         discrete_work(F, q, p[:-1], h=0.1)
+
+
+def test_forced_losses_read_a_control_left_on_the_model_at_the_data_times():
+    """``model.control = u`` then a residual or derivative loss without ``control=``: the field
+    was evaluated at t = 0, so u(0) was read at every pair (the true system's forced midpoint
+    residual was 0.26 instead of round-off).  The model's callable control is now stacked at
+    the data's times as a passed one is, and stays the model's control: a second loss, on
+    windows of another count, reads it again."""
+    from torchgeo_int.nn import finite_differences, forced_derivative_loss, forced_residual_loss
+    u = lambda t: torch.tensor([math.sin(3 * t)])          # noqa: E731
+    truth = ForcedSystem(pendulum_H(), damping=0.15, input_map=torch.ones(1, 1), control=u)
+    q0, p0 = state(8)
+    q, p = tgi.rollout(truth, q0, p0, h=0.1, steps=10, method="implicit_midpoint")
+    q, p = q.transpose(0, 1), p.transpose(0, 1)            # windows (N, L, n)
+    passed = float(forced_residual_loss(truth, q, p, dt=0.1, control=u))
+    truth.control = u
+    left = float(forced_residual_loss(truth, q, p, dt=0.1))
+    assert passed < 1e-24 and left == passed and truth.control is u
+    assert float(forced_residual_loss(truth, q[:3], p[:3], dt=0.1)) < 1e-24 and truth.control is u
+    dq, dp = finite_differences(q, p, 0.1)
+    passed = forced_derivative_loss(truth, q, p, dq, dp, dt=0.1, control=u)
+    truth.control = u
+    assert torch.equal(forced_derivative_loss(truth, q, p, dq, dp, dt=0.1), passed)
+    assert truth.control is u
+    with pytest.raises(ValueError, match="pass dt"):       # u(t) needs the states' times
+        forced_derivative_loss(truth, q, p, dq, dp)

@@ -297,3 +297,45 @@ def test_odeint_hamiltonian_option_of_per_coordinate_values_is_refused():
         with pytest.raises(ValueError, match=r"options\['hamiltonian'\].*returned shape \(2, 2\)"):
             tgi.odeint(None, y0, t, method="implicit_midpoint",
                        options=dict(hamiltonian=bad, batch_dims=1))
+
+
+def test_metrics_refuse_an_energy_of_per_coordinate_values():
+    """energy_mse / energy_drift with a callable H returning one value per coordinate returned
+    a number of another quantity (the mean over coordinates), hamiltonian_error a broadcast
+    error; the callable's output is checked as a System's energy is."""
+    g = torch.Generator().manual_seed(0)
+    q, p = torch.randn(4, 6, 2, generator=g), torch.randn(4, 6, 2, generator=g)
+    per_coordinate = lambda q, p: 0.5 * p * p + 0.5 * q * q          # noqa: E731
+    total = lambda q, p: (0.5 * p * p + 0.5 * q * q).sum(-1)           # noqa: E731
+    H = tgi.Hamiltonian(total)
+    for call in (lambda E: tgi.nn.energy_mse(E, q, p, q + 0.1, p),
+                 lambda E: tgi.nn.energy_drift(E, q, p, layout="windows"),
+                 lambda E: tgi.nn.hamiltonian_error(E, H, q, p)):
+        with pytest.raises(ValueError, match=r"H \(a lambda\) returned shape \(4, 6, 2\).*one value per sample"):
+            call(per_coordinate)
+        assert math.isfinite(float(call(total)))
+    assert float(tgi.nn.hamiltonian_error(total, H, q, p)) == 0.0
+
+
+def test_modified_hamiltonian_of_a_lagrangian_and_of_forced_systems():
+    """The series took a system's forward as its H: a Lagrangian's is L(q, v), so its modified
+    Hamiltonian was silently another function (its energy drifted 77x more along the method's
+    own trajectory), and a ForcedSystem (a PortHamiltonianNN) failed with torch's "missing the
+    required forward function".  Now a Lagrangian's energy is expanded, and forced or
+    constrained systems are refused naming why."""
+    V = lambda q: (1 - q.cos()).sum(-1)                                 # noqa: E731
+    L = tgi.Lagrangian.mechanical(V)
+    H = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), V)
+    g = torch.Generator().manual_seed(0)
+    q, p = torch.randn(5, 1, generator=g), torch.randn(5, 1, generator=g)
+    for method in ("verlet", "implicit_midpoint", "symplectic_euler"):
+        a = tgi.nn.ModifiedHamiltonian(L, method, 0.3).energy(q, p)
+        b = tgi.nn.ModifiedHamiltonian(H, method, 0.3).energy(q, p)
+        assert torch.allclose(a, b, rtol=0, atol=1e-14)
+    for model in (tgi.nn.PortHamiltonianNN(1, width=8), tgi.ForcedSystem(H, damping=0.1)):
+        with pytest.raises(TypeError, match="for Hamiltonian flows, not a .*model.system"):
+            tgi.nn.CorrectedHamiltonian(model, "verlet", 0.1)
+    S = tgi.ConstrainedSystem(tgi.Lagrangian.mechanical(lambda q: q[..., 1]),
+                              lambda q: 0.5 * ((q * q).sum(-1, keepdim=True) - 1))
+    with pytest.raises(TypeError, match="not a ConstrainedSystem"):
+        tgi.nn.ModifiedHamiltonian(S, "verlet", 0.1)

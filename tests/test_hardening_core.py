@@ -375,3 +375,42 @@ def test_sharded_rollout_relative_error_skips_samples_at_zero_energy():
     res = sharded_rollout(H, q0, torch.zeros(2, 1), h=0.1, steps=10, save_every=3, return_trajectories=True)
     assert math.isfinite(res["energy_rel_error_max"]) and res["energy_rel_error_max"] > 0
     assert res["q"].shape[0] == 5                 # frames 0, 3, 6, 9 and the final step
+
+
+def test_odeint_refuses_a_hamiltonian_or_lagrangian_as_func():
+    """A Hamiltonian H(q, p) (or a Lagrangian L(q, v)) passed as func was called as func(t, y)
+    and failed inside the user's energy ("unsupported operand type(s) for ** or pow(): 'tuple'
+    and 'int'"); refused naming the mix-up and the ways to step it."""
+    H = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: (1 - q.cos()).sum(-1))
+    L = tgi.Lagrangian.mechanical(lambda q: (1 - q.cos()).sum(-1))
+    y0 = (torch.ones(2, 1, dtype=DT), torch.zeros(2, 1, dtype=DT))
+    t = torch.linspace(0.0, 1.0, 3, dtype=DT)
+    for method in ("verlet", "dopri5", None):
+        with pytest.raises(TypeError, match=r"func is a Hamiltonian .*options=dict\(hamiltonian=H\)"):
+            tgi.odeint(H, y0, t, method=method)
+        with pytest.raises(TypeError, match=r"func is a Lagrangian .*tgi.rollout"):
+            tgi.odeint(L, y0, t, method=method)
+    with pytest.raises(TypeError, match="func is a Hamiltonian"):
+        tgi.odeint_adjoint(H, y0, t)
+    ys = tgi.odeint(None, y0, t, method="verlet", options=dict(hamiltonian=H))   # the way named
+    assert ys[0].shape == (3, 2, 1)
+    f = tgi.nn.MLPVectorField(1, width=8)                 # a System whose forward is func(t, y)
+    assert tgi.odeint(f, torch.ones(2, 2, dtype=DT), t, method="rk4").shape == (3, 2, 2)
+
+
+def test_variable_steps_check_h_as_fixed_steps_do():
+    """rollout(..., step_control=σ) read h by float(h): a string ran, an h requiring grad lost
+    its gradient silently, an h of two elements failed with torch's "only one element tensors
+    can be converted"; now the fixed-step path's check, naming h."""
+    q0 = torch.tensor([[1.0, 0.0], [0.5, 0.0]], dtype=DT)
+    p0 = torch.tensor([[0.0, 1.2], [0.0, 1.6]], dtype=DT)
+    sigma = tgi.power_law_control(1.5)
+    for h, err, match in (("0.05", TypeError, "must be a real number, got str"),
+                          (torch.tensor(0.05, dtype=DT, requires_grad=True), ValueError, "requires grad"),
+                          (torch.tensor([0.05, 0.05], dtype=DT), TypeError, r"0-d real tensor.*shape \(2,\)"),
+                          (0.0, ValueError, "finite nonzero"), (float("inf"), ValueError, "finite nonzero")):
+        with pytest.raises(err, match=r"h \(with step_control.*" + match):
+            tgi.rollout(_H, q0, p0, h=h, steps=3, step_control=sigma)
+    a = tgi.rollout(_H, q0, p0, h=torch.tensor(0.05, dtype=DT), steps=3, step_control=sigma)
+    b = tgi.rollout(_H, q0, p0, h=0.05, steps=3, step_control=sigma)
+    assert torch.equal(a.q, b.q) and torch.equal(a.t, b.t)    # a 0-d tensor h still runs

@@ -77,7 +77,7 @@ from typing import Callable
 import torch
 
 from ._validate import (broadcasts_to, check_finite, check_int, check_nonzero, check_pair,
-                        check_placement, check_real)
+                        check_placement, check_real, check_scalar)
 from .integrators import METHODS, TABLES, Composition, get_method
 from .gradients import SegmentFunction, check_reconstruction, reverse_sweep
 from .integrators.base import explicit_splitting
@@ -646,9 +646,7 @@ def adaptive_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, control: Ste
     dtype, device = q0.dtype, q0.device
     t = _start_time(t0, batch, dtype, device)
     if until is not None:
-        until = float(until)
-        if not math.isfinite(until):
-            raise ValueError(f"until must be a finite time, got {until}")
+        until = check_scalar(until, "until", "time")   # float() took a string, detached a grad
         if not bool(((until - t) * eps > 0).all()):
             raise ValueError(f"until = {until} is not ahead of t0 in the direction of eps = {eps}")
     sigma0 = control(q0, p0)
@@ -894,9 +892,7 @@ def time_transformed_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, step
         Q, P = rollout(K, Q0, P0, h=eps, steps=steps, method=_method(method), save_every=save_every,
                        **rollout_options)
     else:
-        until = float(until)
-        if not math.isfinite(until):
-            raise ValueError(f"until must be a finite time, got {until}")
+        until = check_scalar(until, "until", "time")   # float() took a string, detached a grad
         if not bool(((until - t) * eps > 0).all()):
             raise ValueError(f"until = {until} is not ahead of t0 in the direction of eps = {eps}")
         if chunk % save_every:

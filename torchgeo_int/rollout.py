@@ -156,10 +156,9 @@ def _variable_steps(system, q0, p0, *, h, steps, method, t0, save_every, check_e
     if compile:
         raise ValueError("step_control does not support compile=True: the step sizes change every "
                          "step and per sample (the variable-step loop runs eagerly); drop compile")
-    h = float(h)
-    if h == 0.0 or h != h or abs(h) == float("inf"):
-        raise ValueError(f"h (with step_control: the fictive step ε) must be finite and nonzero, "
-                         f"got {h}")
+    # the fixed-step path's check: float(h) took a string, detached an h that requires grad
+    # and failed on an h of several elements with torch's "only one element tensors" message
+    h = check_nonzero(h, "h (with step_control: the fictive step ε)", "step size")
     adaptive = {k: options.pop(k) for k in ADAPTIVE_KEYWORDS if k in options}
     return adaptive_rollout(system, q0, p0, eps=h, steps=steps, control=step_control,
                             method=method, t0=t0, save_every=save_every, check_every=check_every,

@@ -136,8 +136,8 @@ from ..gradients import not_reversible
 from ..integrators import CotangentLiftIntegrator, Integrator
 from ..integrators.first_order import FirstOrderIntegrator
 from ..systems import ODESystem
-from .checks import (ADAPTIVE, COMMON, OPTIONS, PARTITIONED_ONLY, check_int, check_state, check_step_size,
-                     check_times, parse_grad_options, solver_tol, tol_values)
+from .checks import (ADAPTIVE, COMMON, OPTIONS, PARTITIONED_ONLY, check_func, check_int, check_state,
+                     check_step_size, check_times, parse_grad_options, solver_tol, tol_values)
 from .contract import INTERPS, FirstCallCheck, TimeMap, integrate_until_event, step_callback
 from .driver import hooked_step, integrate
 from .methods import (FIRST_ORDER_METHOD_NAMES, GEOMETRIC_METHODS, PARTITIONED_METHODS,
@@ -164,6 +164,7 @@ def odeint(func, y0, t, *, rtol=1e-7, atol=1e-9, method=None, options=None, even
     step) when an implicit step does not converge; ``FloatingPointError`` when the solution
     becomes non-finite.
     """
+    check_func(func)
     if is_torchdiffeq(method):
         if isinstance(options, Mapping) and "grad" in options:
             if options["grad"] != "backprop":
@@ -222,6 +223,7 @@ def odeint_adjoint(func, y0, t, *, rtol=1e-7, atol=1e-9, method=None, options=No
                 f"torchgeo_int.odeint (backprop gives the exact gradient of the discrete map; "
                 f"options=dict(grad='checkpoint'|'reversible') for memory-lean gradients)")
         raise ValueError(f"unknown {name} {m!r}; known methods: {all_methods()}")
+    check_func(func)
     if isinstance(options, Mapping) and "grad" in options:
         raise ValueError("odeint_adjoint takes no options['grad']: its gradients are the continuous "
                          "adjoint's; options['grad'] selects the gradient mode of tgi.odeint's "

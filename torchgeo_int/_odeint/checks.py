@@ -7,7 +7,9 @@ import torch
 
 from ..gradients import GRAD_MODES, check_reconstruction_tol
 from .._validate import check_int as check_value
+from ..lagrangian import Lagrangian
 from ..solvers import default_tol
+from ..systems import Hamiltonian
 
 GRAD_OPTIONS = ("grad", "segment", "reconstruction_tol", "params")
 COMMON = ("step_size", "batch_dims", "solver", "max_iter", "compile", "perturb", "interp",
@@ -33,6 +35,19 @@ def check_times(t) -> list[float]:
     if d and not (all(x > 0 for x in d) or all(x < 0 for x in d)):
         raise ValueError("t must be strictly increasing or strictly decreasing")
     return times
+
+
+def check_func(func):
+    """func is a field func(t, y): a Hamiltonian (called H(q, p)) or a Lagrangian (L(q, v)) in
+    its place would be called as H(t, y) and fail deep inside the user's energy."""
+    if isinstance(func, (Hamiltonian, Lagrangian)):
+        kind, args = (("Hamiltonian", "H(q, p)") if isinstance(func, Hamiltonian)
+                      else ("Lagrangian", "L(q, v)"))
+        raise TypeError(
+            f"func is a {kind} ({type(func).__name__}), an energy {args}, not a vector field "
+            f"func(t, y) -> dy/dt: step it with tgi.rollout(system, q0, p0, h=..., steps=...)"
+            + (", or pass func=None and options=dict(hamiltonian=H) with a geometric method "
+               "(e.g. method='verlet')" if kind == "Hamiltonian" else ""))
 
 
 def check_state(ys, name):

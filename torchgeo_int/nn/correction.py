@@ -41,9 +41,11 @@ import math
 
 import torch
 
+from ..constraints import ConstrainedSystem
+from ..forced import ForcedSystem
 from ..integrators import Integrator
 from ..rollout import as_system
-from ..systems import Hamiltonian, SeparableHamiltonian
+from ..systems import Hamiltonian, SeparableHamiltonian, System
 
 Tensor = torch.Tensor
 
@@ -127,6 +129,8 @@ def series_terms(H, q: Tensor, p: Tensor, method, h: float) -> Tensor:
     callable H(q, p) (a model, a System's ``energy``); for verlet on an autonomous
     :class:`~torchgeo_int.SeparableHamiltonian` (a ``SeparableHNN``) the separable form is used."""
     name = _method_name(method)
+    if isinstance(H, System) and not isinstance(H, Hamiltonian):
+        H = H.energy     # a Lagrangian's forward is L(q, v), not its energy H(q, p)
     parts = _split(H) if name == "verlet" else None
     if parts is not None:
         return _verlet_separable(*parts, q, p, h)
@@ -149,6 +153,13 @@ def series_terms(H, q: Tensor, p: Tensor, method, h: float) -> Tensor:
 
 def _energy(H):
     system = as_system(H)
+    if isinstance(system, (ForcedSystem, ConstrainedSystem)):
+        # the series are those of the methods on a Hamiltonian flow; forced, damped or
+        # constrained steps have other modified equations (and no forward H(q, p) to expand)
+        hint = "; pass its Hamiltonian, model.system" if isinstance(system, ForcedSystem) else ""
+        raise TypeError(f"the modified-Hamiltonian series are for Hamiltonian flows, not a "
+                        f"{type(system).__name__} (forces, damping, controls or constraints change "
+                        f"the modified equations){hint}")
     if getattr(system, "time_dependent", False):
         raise NotImplementedError("the modified-Hamiltonian series here are for autonomous H(q, p)")
     if not hasattr(system, "energy"):

@@ -178,6 +178,29 @@ def forced_rollout_loss(model, q: Tensor, p: Tensor, *, dt: float, control=None,
     return 0.5 * ((eq * eq).mean() + (ep * ep).mean())
 
 
+def _own_control(model, control):
+    """(control, the model's own u(t) or None): with control None, the model's own control
+    when it is a callable u(t).  The residual and derivative losses evaluate the field at
+    t = 0, so a u(t) left on the model would be read as u(0) at every pair; it is stacked at
+    the pairs' times as a passed one is, and put back on the model after the field is
+    evaluated (the losses' graphs hold the stacked values; nothing steps after they return)."""
+    own = getattr(model, "control", None) if control is None else None
+    if callable(own):
+        return own, own
+    return control, None
+
+
+def _field_with_control(model, q, p, U, own):
+    """The forced field at (q, p), t = 0, with the stacked control U set on the model; the
+    model's own u(t) (``own``) is its control again afterwards."""
+    _set_control(model, U)
+    try:
+        return model.vector_field(q, p, 0.0)
+    finally:
+        if own is not None:
+            model.control = own
+
+
 def _stacked_control(control, times, like):
     """The control at each time of ``times`` as (N, len(times), k) (None stays None)."""
     if control is None:
@@ -195,10 +218,10 @@ def forced_residual_loss(model, q: Tensor, p: Tensor, *, dt: float, control=None
     q, p = check_layout(q, p, layout, "forced_residual_loss")
     check_placement(model, q, "q")
     dt, R, n, base, tangent = map_pairs(q, p, dt, R)
+    control, own = _own_control(model, control)
     a = float(getattr(R, "alpha", 0.5))
     U = _stacked_control(control, [(j + a) * dt for j in range(q.shape[1] - 1)], q)
-    _set_control(model, U)
-    dq, dp = model.vector_field(base[..., :n], base[..., n:], 0.0)
+    dq, dp = _field_with_control(model, base[..., :n], base[..., n:], U, own)
     r = tangent - dt * torch.cat([dq, dp], -1)
     return (r * r).mean() / (dt * dt)
 
@@ -210,13 +233,13 @@ def forced_derivative_loss(model, q: Tensor, p: Tensor, dq: Tensor, dp: Tensor, 
     windows ``(N, L, n)``; a callable control is evaluated at t_j = j·dt (so it needs ``dt``)."""
     check_data(q, p, dq, dp, names=("q", "p", "dq", "dp"), ndim=3)
     check_placement(model, q, "q")
+    control, own = _own_control(model, control)
     if callable(control):
         if dt is None:
             raise ValueError("a callable control u(t) is evaluated at the states' times t_j = j·dt: "
                              "pass dt")
         dt = check_nonzero(dt, "dt")
     U = _stacked_control(control, [j * dt if callable(control) else 0.0 for j in range(q.shape[1])], q)
-    _set_control(model, U)
-    fq, fp = model.vector_field(q, p, 0.0)
+    fq, fp = _field_with_control(model, q, p, U, own)
     eq, ep = fq - dq, fp - dp
     return 0.5 * ((eq * eq).mean() + (ep * ep).mean())

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..rollout import as_system, rollout
+from ..systems import check_energy
 from .losses import check_data, check_layout
 
 Tensor = torch.Tensor
@@ -28,7 +29,9 @@ def _energy_fn(H):
     if energy is not None:
         return energy
     if callable(H):
-        return H
+        # one value per sample, as a System's energy checks it: per-coordinate values were
+        # reduced by the metric's mean into a number of another quantity (or broadcast)
+        return lambda q, p: check_energy(H(q, p), p, "H", H)
     raise TypeError(f"H must be a callable H(q, p) or a System with energy(), got {type(H).__name__}")
 
 
