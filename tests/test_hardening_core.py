@@ -414,3 +414,26 @@ def test_variable_steps_check_h_as_fixed_steps_do():
     a = tgi.rollout(_H, q0, p0, h=torch.tensor(0.05, dtype=DT), steps=3, step_control=sigma)
     b = tgi.rollout(_H, q0, p0, h=0.05, steps=3, step_control=sigma)
     assert torch.equal(a.q, b.q) and torch.equal(a.t, b.t)    # a 0-d tensor h still runs
+
+
+def test_swapped_arguments_nan_fields_time_dependent_points_and_rollout_mse_dt():
+    """Four mix-ups a newcomer meets, each named: an integrator passed where the system goes
+    (was AttributeError: 'Tensor' object has no attribute 'separable'); a field that is NaN at
+    the states of an implicit step (the message blamed h only); derivative matching of a
+    time-dependent model (read at t = 0 silently); rollout_mse(dt=0) (named h)."""
+    q0 = torch.tensor([[1.0, 0.0]], dtype=DT)
+    p0 = torch.tensor([[0.0, 1.0]], dtype=DT)
+    with pytest.raises(TypeError, match=r"system is an integrator \('verlet'\).*method="):
+        tgi.rollout(tgi.METHODS["verlet"], q0, p0, h=0.1, steps=2)
+    nan_H = tgi.Hamiltonian(lambda q, p: (q * q).sum(-1) * float("nan") + (p * p).sum(-1))
+    for solver in ("fixed_point", "newton"):
+        method = tgi.METHODS["implicit_midpoint"].with_options(solver=solver)
+        with pytest.raises(tgi.ConvergenceError, match="non-finite.*no step size helps: fix the field"):
+            tgi.rollout(nan_H, q0, p0, h=0.1, steps=2, method=method)
+    timed = tgi.Hamiltonian(lambda q, p, t: 0.5 * (p * p).sum(-1) + t * (q * q).sum(-1),
+                            time_dependent=True)
+    with pytest.raises(NotImplementedError, match="points without their times.*autonomous"):
+        tgi.nn.derivative_loss(timed, q0, p0, p0, -q0)
+    q, p = torch.zeros(2, 3, 1, dtype=DT), torch.ones(2, 3, 1, dtype=DT)
+    with pytest.raises(ValueError, match="dt"):
+        tgi.nn.rollout_mse(tgi.nn.SeparableHNN(1).double(), q, p, dt=0.0)

@@ -15,7 +15,7 @@ from ._loop import n_saved, progress_bar
 from ._loop import run_loop  # noqa: F401  (its historical home: tests and experiments import it here)
 from ._validate import (check_even_last_dim, check_finite, check_int, check_nonzero, check_pair,
                         check_placement, check_scalar, check_tensor)
-from .integrators import get_method
+from .integrators import Integrator, get_method
 from .solve import grad_mode, solve
 from .systems import Hamiltonian, System
 
@@ -23,6 +23,9 @@ from .systems import Hamiltonian, System
 def as_system(system) -> System:
     if isinstance(system, System):
         return system
+    if isinstance(system, Integrator):   # rollout(METHODS["verlet"], q0, ...): arguments swapped
+        raise TypeError(f"system is an integrator ({system.name!r}); the system (a Hamiltonian, "
+                        f"an HNN, a callable H(q, p)) goes first and the method in method=...")
     if callable(system):
         return Hamiltonian(system)
     raise TypeError(f"system must be a torchgeo_int System or a callable H(q, p), got {type(system).__name__}")

@@ -92,6 +92,10 @@ _NEWTON_HINT = ("reduce the step size h, or raise max_iter (the method's options
                 "newton() call also takes damping < 1 or a better initial guess")
 _ADJOINT_HINT = ("the adjoint iteration u = g + J^T u needs fn to be a contraction at the "
                  "solution; reduce the step size h, or raise backward_max_iter")
+#: appended where an iterate became non-finite: a field that is NaN or inf at the step's states
+#: (a NaN in func, a damping or a force) gives the same symptom as a step too large for the map
+_NONFINITE_NOTE = ("; if the field itself is NaN or inf at these states (evaluate it there), "
+                   "no step size helps: fix the field")
 _MAX_HALVINGS = 5  # Newton backtracking: at most 2^-5 of the full step before accepting anyway
 
 
@@ -291,7 +295,7 @@ def _iterate(step, z, struct, tol, max_iter, check_every, what, hint, chunk=None
         best, worst = torch.stack(torch.aminmax(active)).tolist()
         if not (worst == worst and worst < float("inf")):
             raise ConvergenceError(f"{what}: the iterate became non-finite (NaN or inf)",
-                                   iterations=k, residual=worst, tol=tol, hint=hint)
+                                   iterations=k, residual=worst, tol=tol, hint=hint + _NONFINITE_NOTE)
         if worst <= tol:
             return (new if done is None else struct.where(done, kept, new)), k
         if done is not None:
@@ -575,9 +579,9 @@ def newton(residual, z0, *, args=(), tol=None, max_iter=50, damping=1.0, backwar
     local = args if track else _detached(args)
     res_local = functools.partial(res, a=local)
 
-    def fail(reason, k, worst):
+    def fail(reason, k, worst, note=""):
         return ConvergenceError(f"newton: {reason}", iterations=k, residual=worst, tol=tol,
-                                hint=_NEWTON_HINT)
+                                hint=_NEWTON_HINT + note)
 
     x = struct.flatten(struct.zs if track else tuple(t.detach() for t in struct.zs))
     batch, kw = struct.batch, dict(dtype=torch.bool, device=struct.device)
@@ -611,7 +615,7 @@ def newton(residual, z0, *, args=(), tol=None, max_iter=50, damping=1.0, backwar
                                  (singular & active).any()]).tolist()
             if stats[1]:
                 raise fail("the iterate became non-finite (NaN or inf)", k,
-                           _worst(torch.where(nonfinite, float("nan"), rel), done))
+                           _worst(torch.where(nonfinite, float("nan"), rel), done), _NONFINITE_NOTE)
             if stats[2]:
                 raise fail(f"the Jacobian is singular for {int((singular & active).sum())} "
                            f"sample(s)", k, _worst(rel, done))
@@ -703,8 +707,9 @@ class SolveOptions:
         except ConvergenceError as err:
             if hint is None:
                 raise
+            note = _NONFINITE_NOTE if err.hint.endswith(_NONFINITE_NOTE) else ""
             raise ConvergenceError(err.reason, iterations=err.iterations, residual=err.residual,
-                                   tol=err.tol, hint=hint) from None
+                                   tol=err.tol, hint=hint + note) from None
 
     def root(self, F, z0, args=(), *, solver: str | None = None):
         """z with F(z, *args) = 0: Newton on F, or fixed-point iteration on z − F(z); ``solver``

@@ -102,10 +102,10 @@ def check_layout(q, p, layout, who: str):
     return q, p
 
 
-def _autonomous(model) -> None:
+def _autonomous(model, data="windows without their start times") -> None:
     if getattr(model, "time_dependent", False):
-        raise NotImplementedError("the trajectory losses take windows without their start times, "
-                                  "so they need an autonomous H(q, p)")
+        raise NotImplementedError(f"the trajectory and derivative losses take {data}, so they "
+                                  f"need an autonomous H(q, p)")
 
 
 def make_windows(q: Tensor, p: Tensor, k: int, *, stride: int = 1, layout: str | None = None
@@ -203,6 +203,7 @@ def derivative_loss(model, q: Tensor, p: Tensor, dq: Tensor, dp: Tensor) -> Tens
     (1 / 2nP) Σ |X_{H_θ}(q, p) − (dq, dp)|² over the P points — the HNN paper's L2 loss on the
     time derivatives, in :func:`rollout_loss`'s units."""
     system = as_system(model)
+    _autonomous(system, "points without their times (the field would be read at t = 0)")
     check_data(q, p, dq, dp, names=("q", "p", "dq", "dp"))
     check_placement(system, q, "q")
     fq, fp = system.vector_field(q, p, 0.0)

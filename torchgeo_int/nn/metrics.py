@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from .._validate import check_nonzero
 from ..rollout import as_system, rollout
 from ..systems import check_energy
 from .losses import check_data, check_layout
@@ -75,6 +76,7 @@ def rollout_mse(model, q_true: Tensor, p_true: Tensor, *, dt: float, method="ver
     check_data(q_true, p_true, names=("q_true", "p_true"), ndim=3, min_len=2)
     if isinstance(substeps, bool) or not isinstance(substeps, int) or substeps < 1:
         raise ValueError(f"substeps must be an int >= 1, got {substeps!r}")
+    dt = check_nonzero(dt, "dt")     # (predict would name its h = dt / substeps)
     steps = (q_true.shape[1] - 1) * substeps
     q, p = predict(model, q_true[:, 0], p_true[:, 0], h=dt / substeps, steps=steps, method=method,
                    save_every=substeps)
