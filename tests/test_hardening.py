@@ -339,3 +339,23 @@ def test_modified_hamiltonian_of_a_lagrangian_and_of_forced_systems():
                               lambda q: 0.5 * ((q * q).sum(-1, keepdim=True) - 1))
     with pytest.raises(TypeError, match="not a ConstrainedSystem"):
         tgi.nn.ModifiedHamiltonian(S, "verlet", 0.1)
+
+
+def test_trajectory_fit_method_step_control_and_series_h_checked_at_construction():
+    """A misspelled TrajectoryFit method was refused only at the first loss; power_law_control
+    took a NaN exponent (caught at the first step, as σ's) and any state_dims; the series'
+    h refused a 0-d tensor that rollout takes.  Each is now checked where it is given."""
+    q = torch.randn(3, 5, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="unknown method 'verlett'"):
+        tgi.nn.TrajectoryFit(tgi.nn.SeparableHNN(1).double(), q, q, dt=0.1, method="verlett")
+    with pytest.raises(ValueError, match="alpha must be a finite exponent"):
+        tgi.power_law_control(float("nan"))
+    with pytest.raises(ValueError, match="state_dims must be an int >= 1"):
+        tgi.power_law_control(1.5, state_dims=0)
+    H = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: (1 - q.cos()).sum(-1))
+    a = tgi.nn.ModifiedHamiltonian(H, "verlet", torch.tensor(0.3)).energy(q[:, 0], q[:, 1])
+    b = tgi.nn.ModifiedHamiltonian(H, "verlet", 0.3).energy(q[:, 0], q[:, 1])
+    assert torch.equal(a, b)
+    for h, err in ((0.0, ValueError), ("0.3", TypeError), (float("inf"), ValueError)):
+        with pytest.raises(err, match="h must be"):
+            tgi.nn.CorrectedHamiltonian(H, "verlet", h)

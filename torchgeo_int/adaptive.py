@@ -182,8 +182,8 @@ def power_law_control(alpha: float = 1.5, state_dims: int = 1) -> StepControl:
     r"""σ(q) = |q|^α, ∇ log σ = α q/|q|² (closed form): for a Kepler problem in relative
     coordinates α = 3/2 takes a fixed fraction of the local orbital time scale r^{3/2} per step
     (a fixed number of steps per pericentre passage at any eccentricity)."""
-    a = float(alpha)
-    dims = tuple(range(-state_dims, 0))
+    a = check_scalar(alpha, "alpha", "exponent")   # a NaN would surface as σ's at the first step
+    dims = tuple(range(-check_int(state_dims, "state_dims", 1), 0))
 
     def sigma(q):
         return (q * q).sum(dims) ** (0.5 * a)

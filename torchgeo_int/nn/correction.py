@@ -41,6 +41,7 @@ import math
 
 import torch
 
+from .._validate import check_nonzero
 from ..constraints import ConstrainedSystem
 from ..forced import ForcedSystem
 from ..integrators import Integrator
@@ -168,9 +169,7 @@ def _energy(H):
 
 
 def _check_h(h):
-    if isinstance(h, bool) or not isinstance(h, (int, float)) or not math.isfinite(h) or h == 0:
-        raise ValueError(f"h must be a finite nonzero number, got {h!r}")
-    return float(h)
+    return check_nonzero(h, "h", "step size")     # as rollout's h (a 0-d tensor included)
 
 
 class ModifiedHamiltonian(Hamiltonian):

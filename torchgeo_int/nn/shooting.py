@@ -54,6 +54,7 @@ from torch import nn
 
 from .._validate import check_finite, check_int, check_real
 from ..gradients import grad_mode
+from ..integrators import get_method
 from ..rollout import as_system, rollout
 from .losses import check_data, check_layout
 from .optim import LazyAdam
@@ -109,6 +110,7 @@ class TrajectoryFit(nn.Module):
         self.dt = _positive(dt, "dt")
         self.substeps = check_int(substeps, "substeps", 1)
         self.continuity = _positive(continuity, "continuity", allow_zero=True)
+        get_method(method)   # a misspelled name is refused here, not at the first loss
         self.method = method
         # checked now, not at the first forward: what the fit sets itself, then the grad mode's
         own = sorted(set(rollout_options) & {"h", "steps", "method", "save_every", "t0", "step_control"})
