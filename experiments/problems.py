@@ -1,6 +1,6 @@
 """Problems shared by the experiments (and the test suite): Kepler and the outer solar system;
-the experiments' argparse types (a list of step counts, an int with a lower bound) and the
-paths of an ``--out NAME`` report."""
+the experiments' argparse types (a list of step counts, an int with a lower bound), the check
+of ``--device cuda`` and the paths of an ``--out NAME`` report."""
 from __future__ import annotations
 
 import argparse
@@ -86,6 +86,12 @@ def int_at_least(minimum: int):
             raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
         return value
     return parse
+
+
+def require_cuda(ap: argparse.ArgumentParser, device: str) -> None:
+    """``--device cuda`` on a machine without CUDA: a one-line argparse error (exit 2)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: CUDA is not available on this machine (use --device cpu)")
 
 
 def report_paths(out) -> tuple[pathlib.Path, pathlib.Path]:

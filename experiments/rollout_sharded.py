@@ -34,7 +34,7 @@ from torchgeo_int.systems import SeparableHamiltonian
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:        # run as a script: the experiments package is beside it
     sys.path.insert(0, str(ROOT))
-from experiments.problems import int_at_least, report_paths  # noqa: E402
+from experiments.problems import int_at_least, report_paths, require_cuda  # noqa: E402
 
 RESULTS = ROOT / "results"
 
@@ -51,7 +51,6 @@ def initial_conditions(B, seed, dtype):
     q0 = torch.stack([1 - e, torch.zeros_like(e)], -1)
     p0 = torch.stack([torch.zeros_like(e), ((1 + e) / (1 - e)).sqrt()], -1)
     return q0.to(dtype), p0.to(dtype)
-
 
 
 def nonzero_float(text: str) -> float:
@@ -100,8 +99,7 @@ def main(argv=None):
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if a.batch < world:
         ap.error(f"--batch ({a.batch}) is smaller than the {world} processes")
-    if a.device == "cuda" and not torch.cuda.is_available():
-        ap.error("--device cuda: CUDA is not available on this machine (use --device cpu)")
+    require_cuda(ap, a.device)
     if a.threads is not None:
         torch.set_num_threads(a.threads)
     info = init_from_env(device=a.device)

@@ -40,7 +40,7 @@ from torchgeo_int.solvers import default_tol, fixed_point
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:        # run as a script: the experiments package is beside it
     sys.path.insert(0, str(ROOT))
-from experiments.problems import int_at_least  # noqa: E402
+from experiments.problems import int_at_least, require_cuda  # noqa: E402
 
 MiB = 2.0 ** 20
 
@@ -140,8 +140,7 @@ def main(argv=None):
                     help="torch CPU threads (default 1, for stable timings; 0 keeps torch's)")
     ap.add_argument("--out", default=str(ROOT / "results"))
     args = ap.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        ap.error("--device cuda: CUDA is not available on this machine (use --device cpu)")
+    require_cuda(ap, args.device)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     if device.type == "cpu" and args.threads:
         # Intra-op threads only add OpenMP barriers at this size, and on a shared or busy

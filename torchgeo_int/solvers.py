@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import torch
 
@@ -92,8 +93,9 @@ _NEWTON_HINT = ("reduce the step size h, or raise max_iter (the method's options
                 "newton() call also takes damping < 1 or a better initial guess")
 _ADJOINT_HINT = ("the adjoint iteration u = g + J^T u needs fn to be a contraction at the "
                  "solution; reduce the step size h, or raise backward_max_iter")
-#: appended where an iterate became non-finite: a field that is NaN or inf at the step's states
-#: (a NaN in func, a damping or a force) gives the same symptom as a step too large for the map
+#: appended to the message of a non-finite iterate (residual NaN or inf): a field that is NaN or
+#: inf at the step's states (a NaN in func, a damping or a force) gives the same symptom as a
+#: step too large for the map
 _NONFINITE_NOTE = ("; if the field itself is NaN or inf at these states (evaluate it there), "
                    "no step size helps: fix the field")
 _MAX_HALVINGS = 5  # Newton backtracking: at most 2^-5 of the full step before accepting anyway
@@ -119,7 +121,8 @@ class ConvergenceError(RuntimeError):
     def _message(self):
         at = "" if self.step is None else f"integrator step {self.step}: "
         return (f"{at}{self.reason} after {self.iterations} iterations (worst residual "
-                f"{self.residual:.3e}, tolerance {self.tol:.3e}); {self.hint}")
+                f"{self.residual:.3e}, tolerance {self.tol:.3e}); {self.hint}"
+                + ("" if math.isfinite(self.residual) else _NONFINITE_NOTE))
 
     def with_step(self, step) -> "ConvergenceError":
         """A copy whose message also names the integrator step index ``step``."""
@@ -295,7 +298,7 @@ def _iterate(step, z, struct, tol, max_iter, check_every, what, hint, chunk=None
         best, worst = torch.stack(torch.aminmax(active)).tolist()
         if not (worst == worst and worst < float("inf")):
             raise ConvergenceError(f"{what}: the iterate became non-finite (NaN or inf)",
-                                   iterations=k, residual=worst, tol=tol, hint=hint + _NONFINITE_NOTE)
+                                   iterations=k, residual=worst, tol=tol, hint=hint)
         if worst <= tol:
             return (new if done is None else struct.where(done, kept, new)), k
         if done is not None:
@@ -579,9 +582,9 @@ def newton(residual, z0, *, args=(), tol=None, max_iter=50, damping=1.0, backwar
     local = args if track else _detached(args)
     res_local = functools.partial(res, a=local)
 
-    def fail(reason, k, worst, note=""):
+    def fail(reason, k, worst):
         return ConvergenceError(f"newton: {reason}", iterations=k, residual=worst, tol=tol,
-                                hint=_NEWTON_HINT + note)
+                                hint=_NEWTON_HINT)
 
     x = struct.flatten(struct.zs if track else tuple(t.detach() for t in struct.zs))
     batch, kw = struct.batch, dict(dtype=torch.bool, device=struct.device)
@@ -615,7 +618,7 @@ def newton(residual, z0, *, args=(), tol=None, max_iter=50, damping=1.0, backwar
                                  (singular & active).any()]).tolist()
             if stats[1]:
                 raise fail("the iterate became non-finite (NaN or inf)", k,
-                           _worst(torch.where(nonfinite, float("nan"), rel), done), _NONFINITE_NOTE)
+                           _worst(torch.where(nonfinite, float("nan"), rel), done))
             if stats[2]:
                 raise fail(f"the Jacobian is singular for {int((singular & active).sum())} "
                            f"sample(s)", k, _worst(rel, done))
@@ -707,9 +710,8 @@ class SolveOptions:
         except ConvergenceError as err:
             if hint is None:
                 raise
-            note = _NONFINITE_NOTE if err.hint.endswith(_NONFINITE_NOTE) else ""
             raise ConvergenceError(err.reason, iterations=err.iterations, residual=err.residual,
-                                   tol=err.tol, hint=hint + note) from None
+                                   tol=err.tol, hint=hint) from None
 
     def root(self, F, z0, args=(), *, solver: str | None = None):
         """z with F(z, *args) = 0: Newton on F, or fixed-point iteration on z − F(z); ``solver``

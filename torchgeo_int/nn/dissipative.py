@@ -179,15 +179,13 @@ def forced_rollout_loss(model, q: Tensor, p: Tensor, *, dt: float, control=None,
 
 
 def _own_control(model, control):
-    """(control, the model's own u(t) or None): with control None, the model's own control
-    when it is a callable u(t).  The residual and derivative losses evaluate the field at
-    t = 0, so a u(t) left on the model would be read as u(0) at every pair; it is stacked at
-    the pairs' times as a passed one is, and put back on the model after the field is
-    evaluated (the losses' graphs hold the stacked values; nothing steps after they return)."""
+    """With control None, the model's own control when it is a callable u(t), else None.  The
+    residual and derivative losses evaluate the field at t = 0, so a u(t) left on the model
+    would be read as u(0) at every pair; it is stacked at the pairs' times as a passed one is,
+    and put back on the model after the field is evaluated (the losses' graphs hold the
+    stacked values; nothing steps after they return)."""
     own = getattr(model, "control", None) if control is None else None
-    if callable(own):
-        return own, own
-    return control, None
+    return own if callable(own) else None
 
 
 def _field_with_control(model, q, p, U, own):
@@ -218,7 +216,8 @@ def forced_residual_loss(model, q: Tensor, p: Tensor, *, dt: float, control=None
     q, p = check_layout(q, p, layout, "forced_residual_loss")
     check_placement(model, q, "q")
     dt, R, n, base, tangent = map_pairs(q, p, dt, R)
-    control, own = _own_control(model, control)
+    own = _own_control(model, control)
+    control = control if own is None else own
     a = float(getattr(R, "alpha", 0.5))
     U = _stacked_control(control, [(j + a) * dt for j in range(q.shape[1] - 1)], q)
     dq, dp = _field_with_control(model, base[..., :n], base[..., n:], U, own)
@@ -233,7 +232,8 @@ def forced_derivative_loss(model, q: Tensor, p: Tensor, dq: Tensor, dp: Tensor, 
     windows ``(N, L, n)``; a callable control is evaluated at t_j = j·dt (so it needs ``dt``)."""
     check_data(q, p, dq, dp, names=("q", "p", "dq", "dp"), ndim=3)
     check_placement(model, q, "q")
-    control, own = _own_control(model, control)
+    own = _own_control(model, control)
+    control = control if own is None else own
     if callable(control):
         if dt is None:
             raise ValueError("a callable control u(t) is evaluated at the states' times t_j = j·dt: "
