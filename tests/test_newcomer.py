@@ -205,8 +205,11 @@ def test_demo_tables_render_and_the_hnn_line_says_win_or_loss(tmp_path, monkeypa
 
 
 def test_readme_tables_render():
-    """The README's own tables: a `|` inside a code span splits a GitHub table cell too."""
+    """The README's and the history files' tables: a `|` inside a code span splits a GitHub
+    table cell too."""
     assert assert_tables_render(README) >= 5
+    for history in ("experiments/hnn/HISTORY.md", "experiments/bench/HISTORY.md"):
+        assert assert_tables_render((ROOT / history).read_text()) >= 1, history
 
 
 def _readme_statement(start: str) -> str:
