@@ -230,6 +230,14 @@ def test_hnn_study_tiny_run_and_merge(tmp_path, capsys):
         hnn_run.run("spring", arm_keys=["c"], merge=True, lr_schedule=None, **args)
     with pytest.raises(ValueError, match="was run with"):   # another draw of the data
         hnn_run.run("spring", arm_keys=["c"], merge=True, data_seed=1, **args)
+    with pytest.raises(ValueError, match="was run with"):   # another weight decay
+        hnn_run.run("spring", arm_keys=["c"], merge=True, weight_decay=0.0, **args)
+    with pytest.raises(ValueError, match="weight_decay must be"):
+        hnn_run.run("spring", arm_keys=["a"], weight_decay=-1.0, **args)
+    wd0 = hnn_run.run("spring", arm_keys=["a"], weight_decay=0.0, **dict(args, out=tmp_path / "wd0"))
+    assert rep["weight_decay"] == hnn_run.CONFIG["spring"]["weight_decay"] > 0
+    assert wd0["weight_decay"] == 0.0 and "weight decay 0.0" in (tmp_path / "wd0" / "hnn_spring.md").read_text()
+    assert wd0["arms"]["a"]["per_seed"][0]["energy_mse"] != rep["arms"]["a"]["per_seed"][0]["energy_mse"]
     other = hnn_run.run("spring", arm_keys=["a"], data_seed=1, **dict(args, out=tmp_path / "d1"))
     assert rep["data"]["seed"] == 0 and other["data"]["seed"] == 1
     assert other["arms"]["a"]["per_seed"][0]["energy_mse"] != rep["arms"]["a"]["per_seed"][0]["energy_mse"]

@@ -111,20 +111,26 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
         batch_size: int | None = None, arm_keys=None, out: str | Path = "results",
         progress: bool = True, b_model: str = "auto", node_window: int = 5,
         threads: int | None = 1, merge: bool = False, shooting: dict | None = None,
-        from_partial: bool = False, lr_schedule: str | None = "config", data_seed: int = 0) -> dict:
+        from_partial: bool = False, lr_schedule: str | None = "config", data_seed: int = 0,
+        weight_decay: float | None = None) -> dict:
     """Train and evaluate the arms (``arm_keys``: a subset) with every seed; write the report.
     ``merge``: keep the other arms of the report already in ``out`` (same task, budget and
     seeds) and replace the ones run now — training is seeded, so an arm rerun is the same model;
     use it to re-evaluate or add arms without retraining the rest.  ``from_partial``: write the
     report of the seeds that an interrupted run finished (``<stem>_partial.json``), training
-    nothing.  ``lr_schedule``: fit's, for every arm ("config": the task's CONFIG entry).
+    nothing.  ``lr_schedule``: fit's, for every arm ("config": the task's CONFIG entry);
+    ``weight_decay``: the same for Adam's weight decay (None: the task's CONFIG entry).
     ``data_seed``: the task's draw (trajectories and noise); every training seed shares it."""
     if task_name not in CONFIG:
         raise ValueError(f"unknown task {task_name!r}; known: {', '.join(CONFIG)}")
     if threads:
         # shared cores: one intra-op thread per process avoids oversubscription stalls
         torch.set_num_threads(threads)
-    cfg = CONFIG[task_name]
+    cfg = dict(CONFIG[task_name])
+    if weight_decay is not None:
+        if not math.isfinite(weight_decay) or weight_decay < 0:
+            raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay!r}")
+        cfg["weight_decay"] = float(weight_decay)
     if lr_schedule == "config":
         lr_schedule = cfg.get("lr_schedule")
     mode = dict(cfg["quick" if quick else "full"])
@@ -161,6 +167,9 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
         results = {k: v for k, v in part["per_seed"].items() if v}
         n_seeds, n_steps, bs, shooting = part["seeds_done"], part["steps"], part["batch_size"], part["shooting"]
         lr_schedule = part.get("lr_schedule")
+        if part.get("weight_decay", cfg["weight_decay"]) != cfg["weight_decay"]:
+            raise ValueError(f"--from-partial: that run used weight decay {part['weight_decay']}, "
+                             f"this one asks for {cfg['weight_decay']}")
         t_start -= part.get("wall_seconds", float("nan"))
         all_arms = [a for a in make_arms(task, b_model=b_model, node_window=node_window, shooting=shooting)
                     if a.key in results]
@@ -202,14 +211,16 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
             torch.save(keep, _trajectories(stem))
         stem.with_name(stem.name + "_partial.json").write_text(json.dumps(
             {"task": task_name, "quick": quick, "data_seed": data_seed, "seeds_done": seed + 1, "steps": n_steps,
-             "batch_size": bs, "shooting": shooting, "lr_schedule": lr_schedule, "per_seed": results,
+             "batch_size": bs, "shooting": shooting, "lr_schedule": lr_schedule,
+             "weight_decay": cfg["weight_decay"], "per_seed": results,
              "wall_seconds": time.perf_counter() - t_start}, indent=1, allow_nan=True))
     if outer is not None:
         outer.close()
     wall = time.perf_counter() - t_start
     if merge:
         previous, old_keep = _previous(stem, quick=quick, seeds=n_seeds, steps=n_steps, batch=bs,
-                                        lr_schedule=lr_schedule, data_seed=data_seed)
+                                        lr_schedule=lr_schedule, data_seed=data_seed,
+                                        weight_decay=cfg["weight_decay"])
         for key, arm in previous["arms"].items():
             if key not in results:
                 results[key] = arm["per_seed"]
@@ -269,7 +280,8 @@ def _previous(stem: Path, **expected):
         raise FileNotFoundError(f"--merge needs an earlier report {path}")
     rep = json.loads(path.read_text())
     got = dict(quick=rep["quick"], seeds=rep["seeds"], steps=rep["steps"], batch=rep["batch_size"],
-               lr_schedule=rep.get("lr_schedule"), data_seed=rep["data"].get("seed", 0))
+               lr_schedule=rep.get("lr_schedule"), data_seed=rep["data"].get("seed", 0),
+               weight_decay=rep.get("weight_decay"))
     if got != expected:
         raise ValueError(f"--merge: {path} was run with {got}, this run is {expected}")
     traj = _trajectories(stem)
@@ -458,6 +470,8 @@ def main(argv=None):
     ap.add_argument("--node-window", type=int, default=5)
     ap.add_argument("--lr-schedule", choices=["config", "constant", "cosine"], default="config",
                     help="learning-rate schedule of every arm (default: the task's CONFIG)")
+    ap.add_argument("--weight-decay", type=float,
+                    help="Adam's weight decay for every arm (default: the task's CONFIG entry)")
     ap.add_argument("--data-seed", type=int, default=0,
                     help="the task's draw of trajectories and noise (default 0, the study's)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
@@ -500,6 +514,7 @@ def main(argv=None):
               progress=not args.no_progress, b_model=args.b_model, node_window=args.node_window,
               threads=args.threads, merge=args.merge, shooting=shooting,
               from_partial=args.from_partial, data_seed=args.data_seed,
+              weight_decay=args.weight_decay,
               lr_schedule=None if args.lr_schedule == "constant" else args.lr_schedule)
     print(markdown(rep))
 
