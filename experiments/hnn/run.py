@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 import torchgeo_int as tgi
+from torchgeo_int._validate import check_real
 
 from . import data as datasets
 from .train import arms as make_arms
@@ -128,9 +129,7 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
         torch.set_num_threads(threads)
     cfg = dict(CONFIG[task_name])
     if weight_decay is not None:
-        if not math.isfinite(weight_decay) or weight_decay < 0:
-            raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay!r}")
-        cfg["weight_decay"] = float(weight_decay)
+        cfg["weight_decay"] = check_real(weight_decay, "weight_decay", 0.0)
     if lr_schedule == "config":
         lr_schedule = cfg.get("lr_schedule")
     mode = dict(cfg["quick" if quick else "full"])
