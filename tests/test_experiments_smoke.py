@@ -493,6 +493,13 @@ def test_hnn_parametric_probe_tiny(tmp_path, monkeypatch, capsys):
         with pytest.raises(SystemExit):
             parametric.main(argv)
         assert message in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        hnn_run.main(["--task", "spring", "--data-seed", "-1"])
-    assert "--data-seed must be >= 0" in capsys.readouterr().err
+    # the study's numeric options: argparse's usage error before anything trains, no traceback
+    for argv, message in ((["--data-seed", "-1"], "argument --data-seed: must be an int >= 0, got -1"),
+                          (["--weight-decay", "-1"], "argument --weight-decay: must be a finite number >= 0"),
+                          (["--weight-decay", "nan"], "argument --weight-decay: must be a finite number >= 0"),
+                          (["--seeds", "0"], "argument --seeds: must be an int >= 1, got 0"),
+                          (["--state-lr", "0"], "argument --state-lr: must be a finite number > 0"),
+                          (["--segment", "x"], "argument --segment: invalid int value: 'x'")):
+        with pytest.raises(SystemExit):
+            hnn_run.main(["--task", "spring"] + argv)
+        assert message in capsys.readouterr().err

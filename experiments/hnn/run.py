@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 import torchgeo_int as tgi
-from torchgeo_int._validate import check_real
+from torchgeo_int._validate import check_int, check_real
 
 from . import data as datasets
 from .train import arms as make_arms
@@ -447,33 +447,46 @@ def plot(task, arms, keep, stem: Path):
     plt.close(fig)
 
 
+def _arg(kind, lo, **kw):
+    """An argparse type: the project's own check (``check_int`` / ``check_real``) of the parsed
+    number, its ValueError turned into argparse's usage error (no traceback)."""
+    def parse(text):
+        value = int(text) if kind == "int" else float(text)   # argparse: "invalid int value: 'x'"
+        try:
+            return check_int(value, "the value", lo) if kind == "int" else check_real(value, "the value", lo, **kw)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err).replace("the value ", "")) from None
+    parse.__name__ = kind
+    return parse
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", choices=sorted(CONFIG))
     ap.add_argument("--quick", action="store_true", help="2 seeds, 300 steps, batches of 64 (~2 min)")
-    ap.add_argument("--seeds", type=int, help="number of seeds (default 5, --quick 2)")
-    ap.add_argument("--steps", type=int, help="gradient steps per arm")
-    ap.add_argument("--batch-size", type=int, help="samples (points or windows) per step")
+    ap.add_argument("--seeds", type=_arg("int", 1), help="number of seeds (default 5, --quick 2)")
+    ap.add_argument("--steps", type=_arg("int", 1), help="gradient steps per arm")
+    ap.add_argument("--batch-size", type=_arg("int", 1), help="samples (points or windows) per step")
     ap.add_argument("--arms", help="comma-separated subset of a,a_fd,a_s,b1,b5,b10,c,c_ode,d,e,e4,f,f_v")
-    ap.add_argument("--segment", type=int, help="shooting segment length of (e)/(e′)/(f) (0: single shooting)")
-    ap.add_argument("--continuity", type=float, help="continuity weight of the shooting arms")
-    ap.add_argument("--state-lr", type=float, help="learning rate of the shooting-node states")
-    ap.add_argument("--gauss-newton", type=int, help="Gauss–Newton sweeps on the node states per "
+    ap.add_argument("--segment", type=_arg("int", 0), help="shooting segment length of (e)/(e′)/(f) (0: single shooting)")
+    ap.add_argument("--continuity", type=_arg("real", 0.0), help="continuity weight of the shooting arms")
+    ap.add_argument("--state-lr", type=_arg("real", 0.0, lo_open=True), help="learning rate of the shooting-node states")
+    ap.add_argument("--gauss-newton", type=_arg("int", 0), help="Gauss–Newton sweeps on the node states per "
                     "step (0: states learned with --state-lr)")
-    ap.add_argument("--solve-every", type=int, help="solve the node states at every k-th training "
+    ap.add_argument("--solve-every", type=_arg("int", 1), help="solve the node states at every k-th training "
                     "step only (TrajectoryFit's solve_every; with --gauss-newton)")
     ap.add_argument("--method2", help="training/evaluation method of (e′) (default yoshida4)")
-    ap.add_argument("--substeps2", type=int, help="substeps per data interval of (e′)")
+    ap.add_argument("--substeps2", type=_arg("int", 1), help="substeps per data interval of (e′)")
     ap.add_argument("--b-model", choices=["auto", "hnn"], default="auto",
                     help="'hnn': arm (b) uses HNN + implicit midpoint even on separable tasks")
-    ap.add_argument("--node-window", type=int, default=5)
+    ap.add_argument("--node-window", type=_arg("int", 1), default=5)
     ap.add_argument("--lr-schedule", choices=["config", "constant", "cosine"], default="config",
                     help="learning-rate schedule of every arm (default: the task's CONFIG)")
-    ap.add_argument("--weight-decay", type=float,
+    ap.add_argument("--weight-decay", type=_arg("real", 0.0),
                     help="Adam's weight decay for every arm (default: the task's CONFIG entry)")
-    ap.add_argument("--data-seed", type=int, default=0,
+    ap.add_argument("--data-seed", type=_arg("int", 0), default=0,
                     help="the task's draw of trajectories and noise (default 0, the study's)")
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument("--threads", type=_arg("int", 0), default=1, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--out", default="results")
     ap.add_argument("--merge", action="store_true",
                     help="replace only the arms run now in the report already in --out")
@@ -499,8 +512,6 @@ def main(argv=None):
         return
     if not args.task:
         ap.error("--task is required (or --table DIR, or --compare QUICK_JSON FULL_JSON)")
-    if args.data_seed < 0:
-        ap.error(f"--data-seed must be >= 0, got {args.data_seed}")
     shooting = {k: v for k, v in dict(segment=args.segment, continuity=args.continuity,
                                       state_lr=args.state_lr, method2=args.method2,
                                       substeps2=args.substeps2,
