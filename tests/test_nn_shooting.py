@@ -191,10 +191,51 @@ def test_trajectory_fit_errors():
         solved.optimizer(state_lr=1e-2)
     with pytest.raises(ValueError, match="steps must be an int"):
         solved.solve_states(steps=0)
-    with pytest.raises(ValueError, match="distinct segment ids"):
+    with pytest.raises(ValueError, match="segment ids must be distinct"):
         solved.solve_states(torch.tensor([1, 1]))
     with pytest.raises(ValueError, match=r"segment ids must lie in \[0, 3\)"):
         solved.solve_states(torch.tensor([3]))
+
+
+def test_segment_ids_are_distinct_integers_whatever_their_dtype():
+    """A repeated id is refused on every call (it was refused only on visits that solved, and
+    learned states weighed the segment twice); a uint8 tensor is ids, not a mask."""
+    H = _pendulum()
+    q, p, _ = _data(H, B=2, T=13, noise=0.05)
+    for kw in (dict(gauss_newton=1, solve_every=3), dict()):
+        tf = TrajectoryFit(H, q, p, dt=0.1, segment=4, **kw)
+        for _ in range(4):                                   # visits 0..3: due and not due
+            with pytest.raises(ValueError, match="segment ids must be distinct"):
+                tf(torch.tensor([0, 0]))
+        assert int(tf.visits.sum()) == 0
+        assert torch.equal(tf.eval()(torch.tensor([2, 0, 1], dtype=torch.uint8)),
+                           tf(torch.tensor([2, 0, 1])))
+    with pytest.raises(TypeError, match="roll out or evaluate its model, tf.model"):
+        tgi.nn.predict(tf, q[:, 0], p[:, 0], h=0.1, steps=3)
+
+
+def test_solve_states_returns_each_nodes_objective_at_the_final_states():
+    """ℓ as documented, evaluated by hand after the sweep for every node, even ones included
+    (their ℓ was taken before the odd half moved their neighbours)."""
+    H = _pendulum()
+    q, p, _ = _data(H, B=3, T=13, noise=0.05)
+    seg, w = 3, 0.7
+    tf = TrajectoryFit(H, q, p, dt=0.1, segment=seg, continuity=w, gauss_newton=1, substeps=2)
+    best = tf.solve_states(torch.tensor([7, 0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11]))
+    S = tf.n_segments
+    nodes = torch.cat([tf.q_nodes, tf.p_nodes], -1).reshape(-1, 2)
+    qs, ps = tgi.rollout(H, nodes[:, :1], nodes[:, 1:], h=0.05, steps=2 * seg, save_every=2)
+    X, obs = torch.cat([qs, ps], -1), torch.cat([tf.q_obs, tf.p_obs], -1).transpose(0, 1)
+    wp = w * S / (S - 1)
+    ell = []
+    for i in [7, 0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11]:
+        v = ((X[:, i] - obs[:, i]) ** 2).sum() / (seg + 1)
+        if i % S < S - 1:
+            v = v + wp * ((X[-1, i] - nodes[i + 1]) ** 2).sum()
+        if i % S > 0:
+            v = v + wp * ((X[-1, i - 1] - nodes[i]) ** 2).sum()
+        ell.append(v)
+    assert torch.allclose(best, torch.stack(ell), rtol=1e-10, atol=1e-15)
 
 
 # ---------------------------------------------------------------- solved node states

@@ -42,7 +42,8 @@ class SymplecticStep(nn.Module):
 
 class SymplecticRollout(nn.Module):
     r"""``steps`` steps of ``method`` from (q₀, p₀): ``forward(q0, p0, t0=0.0) -> (q, p)``, each
-    of shape ``(steps // save_every + 1, *q0.shape)`` (time leads, as in :func:`rollout`).
+    of shape ``(⌈steps / save_every⌉ + 1, *q0.shape)`` (time leads, and the final state is
+    always kept, as in :func:`rollout`).
 
     ``rollout_options`` go to :func:`torchgeo_int.rollout` (``grad=``, ``check_every=``, …).
     """

@@ -48,7 +48,7 @@ def _reduce(x: Tensor, reduction: str) -> Tensor:
 
 def predict(model, q0: Tensor, p0: Tensor, *, h: float, steps: int, method="verlet",
             save_every: int = 1) -> tuple[Tensor, Tensor]:
-    """``rollout`` under ``torch.no_grad()``, returned samples first: ``(B, steps//save_every + 1, n)``
+    """``rollout`` under ``torch.no_grad()``, returned samples first: ``(B, ⌈steps/save_every⌉ + 1, n)``
     for ``q0, p0`` of shape ``(B, n)``."""
     if not (isinstance(q0, Tensor) and q0.dim() == 2):
         raise ValueError(f"predict takes a batch of initial states q0, p0 of shape (B, n), got "

@@ -197,7 +197,8 @@ class TrajectoryFit(nn.Module):
         return self.q_nodes[:, 0].detach(), self.p_nodes[:, 0].detach()
 
     def _index(self, index: Tensor | None) -> Tensor:
-        """Checked flat segment ids b·S + s (all if None): distinct, in range."""
+        """Checked flat segment ids b·S + s (all if None): an integer tensor of distinct ids in
+        range, returned as int64."""
         total = self.trajectories * self.n_segments
         if index is None:
             return torch.arange(total, device=self.q_nodes.device)
@@ -207,10 +208,16 @@ class TrajectoryFit(nn.Module):
         if bool(((index < 0) | (index >= total)).any()):
             raise ValueError(f"segment ids must lie in [0, {total}) ({self.trajectories} trajectories "
                              f"× {self.n_segments} segments), got {index.min().item()}..{index.max().item()}")
-        return index
+        if index.unique().numel() != index.numel():   # one node, one term and one update a call
+            raise ValueError("the segment ids must be distinct (a repeated id would weigh its "
+                             "segment twice and count one visit)")
+        return index.long()    # (a uint8 tensor would index as a mask)
 
-    def forward(self, index: Tensor | None = None) -> Tensor:
+    def forward(self, index: Tensor | None = None, *energy_args) -> Tensor:
         """The loss over the segments ``index`` (integer tensor of flat ids b·S + s; all if None)."""
+        if energy_args:    # called as H(q, p): by rollout, predict, rollout_mse, …
+            raise TypeError("a TrajectoryFit is a loss over its data, not a Hamiltonian: roll out "
+                            "or evaluate its model, tf.model")
         total = self.trajectories * self.n_segments
         index = self._index(index)
         n, seg, S = self.dim, self.segment, self.n_segments
@@ -271,7 +278,17 @@ class TrajectoryFit(nn.Module):
         a node keeps its old state where the step does not lower ℓ (a monotone iteration).  With
         one segment (single shooting) a sweep is one Gauss–Newton step of a separable least
         squares problem per trajectory: quadratic convergence on consistent data."""
-        return self._solve(index, steps)[0]
+        index = self._index(index)
+        best = self._solve(index, steps)[0]
+        if self.n_segments > 1 and self.continuity > 0:
+            # the even half's ℓ was taken before the odd half moved its neighbours: take it again
+            even = (index % self.n_segments) % 2 == 0
+            if bool(even.any()):
+                with torch.no_grad():
+                    nodes, *_, objective = self._objective(index[even])
+                    z = nodes[index[even]]
+                    best[even] = objective(self._roll_states(z), z)
+        return best
 
     @torch.no_grad()
     def _solve(self, index, steps, keep_grad: bool | None = None):
@@ -280,8 +297,6 @@ class TrajectoryFit(nn.Module):
         steps = check_int(steps, "steps", 1)
         S = self.n_segments
         index = self._index(index)
-        if index.unique().numel() != index.numel():     # one node, one update per half-sweep
-            raise ValueError("solve_states needs distinct segment ids")
         if keep_grad is not None and S != 1:
             raise ValueError("keep_grad applies to single shooting (one segment a trajectory)")
         best = torch.empty(index.shape[0], dtype=self.q_nodes.dtype, device=index.device)
@@ -294,16 +309,14 @@ class TrajectoryFit(nn.Module):
                     best[color], rolled = self._gauss_newton_step(index[color], keep)
         return best, rolled
 
-    def _gauss_newton_step(self, index: Tensor, keep_grad: bool | None = None):
-        """One monotone Gauss–Newton step on the nodes ``index`` (neighbours fixed), written into
-        ``q_nodes`` / ``p_nodes``; ℓ per node after it (see :meth:`solve_states`), and with
-        ``keep_grad`` the candidate's rollout ``(qs, ps)`` in that grad mode when every node
-        took the step (None otherwise)."""
-        total, S, n, seg = self.trajectories * self.n_segments, self.n_segments, self.dim, self.segment
-        m = 2 * n
+    def _objective(self, index: Tensor):
+        """The parts of ℓ (:meth:`solve_states`) for the nodes ``index``, their neighbours as they
+        are now: (nodes (total, 2n), obs (seg+1, N, 2n), a, w′, has_prev, has_next, the previous
+        segments' ends, the next nodes, objective(F, z) -> ℓ per node from its rollout F)."""
+        total, S, m = self.trajectories * self.n_segments, self.n_segments, 2 * self.dim
         nodes = torch.cat([self.q_nodes, self.p_nodes], -1).reshape(total, m)
         obs = torch.cat([self.q_obs[index], self.p_obs[index]], -1).transpose(0, 1)   # (seg+1, N, m)
-        a = 1.0 / (seg + 1)
+        a = 1.0 / (self.segment + 1)
         w = self.continuity * S / (S - 1) if S > 1 else 0.0
         none = torch.zeros_like(index, dtype=torch.bool)
         has_prev = (index % S) != 0 if w > 0 else none
@@ -311,7 +324,6 @@ class TrajectoryFit(nn.Module):
         # the previous segments' ends Φ^{(segment)}(z_{s−1}) do not depend on z: one rollout
         prev_end = self._roll_states(nodes[index[has_prev] - 1])[-1] if bool(has_prev.any()) else None
         nxt = nodes[index[has_next] + 1]
-        eye = torch.eye(m, dtype=nodes.dtype, device=nodes.device)
 
         def objective(F, z):                               # ℓ per node from its rollout F
             val = a * ((F - obs) ** 2).sum((0, 2))
@@ -321,6 +333,17 @@ class TrajectoryFit(nn.Module):
                 val[has_next] += w * ((F[-1][has_next] - nxt) ** 2).sum(-1)
             return val
 
+        return nodes, obs, a, w, has_prev, has_next, prev_end, nxt, objective
+
+    def _gauss_newton_step(self, index: Tensor, keep_grad: bool | None = None):
+        """One monotone Gauss–Newton step on the nodes ``index`` (neighbours fixed), written into
+        ``q_nodes`` / ``p_nodes``; ℓ per node after it (see :meth:`solve_states`), and with
+        ``keep_grad`` the candidate's rollout ``(qs, ps)`` in that grad mode when every node
+        took the step (None otherwise)."""
+        total, n, seg = self.trajectories * self.n_segments, self.dim, self.segment
+        m = 2 * n
+        nodes, obs, a, w, has_prev, has_next, prev_end, nxt, objective = self._objective(index)
+        eye = torch.eye(m, dtype=nodes.dtype, device=nodes.device)
         z = nodes[index]
         N = z.shape[0]
         eps = torch.finfo(z.dtype).eps ** 0.5 * z.abs().amax(-1, keepdim=True).clamp_min(1.0)
