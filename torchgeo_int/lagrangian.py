@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ._autograd import batch_jacobian, reaches_other_leaves
+from ._autograd import batch_jacobian, grad_inputs, reaches_other_leaves
 from ._validate import check_pair, find_singular, singular_threshold
 from .maps import AlphaMap, DiscretizationMap
 from .solvers import ConvergenceError, newton
@@ -45,7 +45,7 @@ class ConstantMatrix:
 
     def __init__(self, mass, *, invertible: bool = True, name: str = "mass"):
         self.kind, self.M, self.Minv, self.scale = "identity", None, None, 1.0
-        self._cast = {}
+        self._cast, self.name = {}, name
         if mass is None:
             return
         if isinstance(mass, bool):
@@ -94,7 +94,7 @@ class ConstantMatrix:
 
     def _check(self, x: Tensor):
         if self.n is not None and x.shape[-1] != self.n:
-            raise ValueError(f"the mass matrix is {self.n}x{self.n} but the state has "
+            raise ValueError(f"the {self.name} matrix is {self.n}x{self.n} but the state has "
                              f"{x.shape[-1]} coordinates (last dim of shape {tuple(x.shape)})")
 
     def _as(self, A, x):
@@ -365,8 +365,7 @@ class Lagrangian(System):
         def force(t, q, v):
             keep = torch.is_grad_enabled()
             with torch.enable_grad():
-                qq = q if (keep and q.requires_grad) else q.detach().requires_grad_()
-                vv = v if (keep and v.requires_grad) else v.detach().requires_grad_()
+                qq, vv = grad_inputs((q, v), keep)
                 L = self.L(qq, vv).sum()
                 if keep and not (q.requires_grad or v.requires_grad):
                     keep = reaches_other_leaves(L, (qq, vv))

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ._autograd import leaves_after, reaches_other_leaves
+from ._autograd import grad_inputs, leaves_after, reaches_other_leaves
 from ._validate import check_even_last_dim, check_finite, check_pair
 from .solvers import ConvergenceError, newton
 
@@ -162,7 +162,7 @@ class DiscretizationMap(nn.Module):
                                "and cannot run under torch.inference_mode(); use torch.no_grad()")
         keep = torch.is_grad_enabled()
         with torch.enable_grad():
-            xs = tuple(a if (keep and a.requires_grad) else a.detach().requires_grad_() for a in (x, v))
+            xs = grad_inputs((x, v), keep)
             out = self._forward(*xs)
             if keep and not any(a.requires_grad for a in (x, v, dx, dv)):
                 keep = any(reaches_other_leaves(o, xs) for o in out)

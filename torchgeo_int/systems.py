@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ._autograd import reaches_other_leaves
+from ._autograd import grad_inputs, reaches_other_leaves
 
 Tensor = torch.Tensor
 
@@ -158,7 +158,7 @@ def grad_of(fn: Callable[..., Tensor], inputs: tuple[Tensor, ...],
 def _autograd_grad(fn, inputs, keep, label, user_fn, constant_ok=False):
     """grad_of by torch.autograd.grad, with the output checks (and the graph when ``keep``)."""
     with torch.enable_grad():
-        xs = tuple(x if (keep and x.requires_grad) else x.detach().requires_grad_() for x in inputs)
+        xs = grad_inputs(inputs, keep)
         out = check_energy(fn(*xs), xs[-1], label, user_fn)  # (q, p) or (g, μ): last is (..., n)
         if not out.requires_grad and constant_ok:
             return tuple(torch.zeros_like(x) for x in inputs)

@@ -41,6 +41,7 @@ import math
 
 import torch
 
+from .._autograd import grad_inputs
 from .._validate import check_nonzero
 from ..constraints import ConstrainedSystem
 from ..forced import ForcedSystem
@@ -83,8 +84,7 @@ def _grad(outputs, inputs, grad_outputs=None):
 def _derivatives(H, q, p):
     """H, ∇H = (H_q, H_p) with the graph kept (so everything built on them is differentiable)."""
     with torch.enable_grad():
-        q = q if q.requires_grad else q.detach().requires_grad_()
-        p = p if p.requires_grad else p.detach().requires_grad_()
+        q, p = grad_inputs((q, p), True)
         E = H(q, p)
         Hq, Hp = _grad(E.sum(), (q, p))
     return q, p, E, Hq, Hp
