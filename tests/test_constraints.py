@@ -303,3 +303,28 @@ def test_constrained_midpoint_on_a_nonlinear_potential_is_its_own_second_order_s
         -1).abs().max()) for h in (0.1, 0.05, 0.025)]
     rates = [math.log2(e1 / e2) for e1, e2 in zip(errs, errs[1:])]
     assert min(rates) > 1.85, rates
+
+
+def test_initial_state_checks_are_unit_free_and_reach_compositions():
+    """A non-tangent p0 passed with a heavy mass (G M⁻¹p, a velocity, was compared with |p|), and
+    a Composition of Rattle steps projected an off-manifold start silently; a
+    ConstrainedVariationalIntegrator over triple-jump fractions declared order 4 (measured 2)."""
+    th = torch.tensor([0.5], dtype=DT)
+    q0 = torch.stack([th.sin(), -th.cos()], -1)
+    v0 = 0.3 * torch.stack([th.cos(), th.sin()], -1) + 0.3 * q0          # 0.3 off the tangent
+    for k in (1.0, 1e9):
+        L = tgi.Lagrangian.mechanical(lambda q: k * q[..., 1], mass=torch.tensor(k, dtype=DT))
+        S = ConstrainedSystem(L, lambda q: 0.5 * ((q * q).sum(-1, keepdim=True) - 1))
+        with pytest.raises(ValueError, match="must lie on T\\*N"):
+            tgi.rollout(S, q0, k * v0, h=0.05, steps=3, method=Rattle())
+    S = ConstrainedSystem(tgi.Lagrangian.mechanical(lambda q: q[..., 1]),
+                          lambda q: 0.5 * ((q * q).sum(-1, keepdim=True) - 1))
+    g1 = 1 / (2 - 2 ** (1 / 3))
+    TJ = [g1, 1 - 2 * g1, g1]
+    for m in (tgi.Composition([Rattle()] * 3, TJ), tgi.Composition([Rattle()] * 2, [0.5, 0.5])):
+        with pytest.raises(ValueError, match="must lie on T\\*N"):
+            tgi.rollout(S, torch.tensor([[0.0, -1.3]], dtype=DT), torch.tensor([[0.5, 0.4]], dtype=DT),
+                        h=0.1, steps=3, method=m)
+    assert tgi.Composition([Rattle()] * 3, TJ).order == 4
+    assert tgi.ConstrainedVariationalIntegrator([tgi.MidpointMap()] * 3, TJ).order == 2
+    assert tgi.ConstrainedVariationalIntegrator([tgi.AlphaMap(0.3)] * 2, [0.5, 0.5]).order == 1

@@ -358,3 +358,33 @@ def test_forced_losses_read_a_control_left_on_the_model_at_the_data_times():
     assert truth.control is u
     with pytest.raises(ValueError, match="pass dt"):       # u(t) needs the states' times
         forced_derivative_loss(truth, q, p, dq, dp)
+
+
+def test_a_defaulted_parameter_of_the_force_is_a_constant_unless_named_as_its_slot():
+    """F(q, z, c=0.3) got t in c (and time_dependent), F(q, k=2.0) got p in k: both ran other
+    dynamics silently.  A default named as its slot (z, t, u) still takes it."""
+    H = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: 0.5 * (q * q).sum(-1))
+    q0, p0 = torch.tensor([[1.0]], dtype=DT), torch.tensor([[0.0]], dtype=DT)
+    run = lambda F, m: tgi.rollout(ForcedSystem(H, F), q0, p0, h=0.1, steps=50, method=m)[0][-1]  # noqa: E731
+    assert not ForcedSystem(H, lambda q, z, c=0.3: -c * z).time_dependent
+    assert torch.equal(run(lambda q, z, c=0.3: -c * z, "implicit_midpoint"), run(lambda q, z: -0.3 * z, "implicit_midpoint"))
+    assert not ForcedSystem(H, lambda q, k=2.0: -k * q).velocity_dependent
+    assert torch.equal(run(lambda q, k=2.0: -k * q, "verlet"), run(lambda q: -2.0 * q, "verlet"))
+    assert ForcedSystem(H, lambda q, z, t=0.0: -0.1 * z * math.cos(t)).time_dependent
+
+
+def test_damping_of_the_wrong_length_is_named_and_a_float_time_control_under_variable_steps_too():
+    H = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: (1 - torch.cos(q)).sum(-1))
+    q0, p0 = torch.tensor([[0.8, 0.1]], dtype=DT), torch.zeros(1, 2, dtype=DT)
+    with pytest.raises(ValueError, match="the damping matrix is 3x3 but the state has 2 coordinates"):
+        tgi.rollout(ForcedSystem(H, damping=torch.tensor([0.1, 0.2, 0.3], dtype=DT)), q0, p0, h=0.1, steps=2)
+    # per-sample times under step_control: a control written for a float t is named
+    S = ForcedSystem(H, damping=0.15, input_map=torch.ones(1, 1, dtype=DT),
+                     control=lambda t: torch.tensor([0.3 * math.sin(t)], dtype=DT))
+    q0, p0 = torch.tensor([[0.8], [0.3], [-0.5]], dtype=DT), torch.zeros(3, 1, dtype=DT)
+    sigma = lambda q: 1 / (1 + q[..., 0] ** 2)   # noqa: E731
+    with pytest.raises(TypeError, match=r"the control u\(t\) failed on per-sample times t of shape \(3,\)"):
+        tgi.rollout(S, q0, p0, h=0.01, steps=10, method="implicit_midpoint", step_control=sigma)
+    S.control = lambda t: 0.3 * torch.sin(torch.as_tensor(t, dtype=DT)).reshape(-1, 1)
+    tr = tgi.rollout(S, q0, p0, h=0.01, steps=10, method="implicit_midpoint", step_control=sigma)
+    assert tr.q.shape == (11, 3, 1) and bool(torch.isfinite(tr.q).all())

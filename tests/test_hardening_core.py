@@ -55,6 +55,11 @@ def test_odeint_geometric_progress_bar(capsys):
     assert y.shape == (5, 3)
     err = capsys.readouterr().err
     assert "odeint implicit_midpoint" in err and "20/20" in err
+    # with reversible variable steps too (the option was dropped there: no bar, no error)
+    y = tgi.odeint(lambda t, y: (y[1], -y[0]), (torch.ones(2, 1, dtype=DT), torch.zeros(2, 1, dtype=DT)),
+                   torch.linspace(0, 1, 5, dtype=DT), method="verlet",
+                   options=dict(adaptive="reversible", step_size=0.05, separable=True, progress=True))
+    assert "adaptive verlet" in capsys.readouterr().err
 
 
 # -- issue 22, item 4 ----------------------------------------------------------------------------

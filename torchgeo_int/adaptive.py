@@ -690,8 +690,9 @@ def adaptive_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, control: Ste
                     params += [w for w in control.sigma.parameters() if w.requires_grad]
 
             def probe(system_, q, p, t_, h, cache):   # one variable step: its graph's leaves
-                return vs(q, p, 1.0 / control(q, p), t, vs.rate(q, p, t), 0.0, h)[:3]
-            params = resolve_params(probe, system, (q0, p0), t, eps, params)
+                return vs(q, p, 1.0 / control(q, p), t_, vs.rate(q, p, t_), 0.0, h)[:3]
+            # (t0 is a state, differentiated as q0 and p0 are: not a parameter to look for)
+            params = resolve_params(probe, system, (q0, p0), t.detach(), eps, params)
             if mode.name == "checkpoint":
                 segment = mode.segment
                 if segment is None:
@@ -961,7 +962,8 @@ def odeint_adaptive(integrator, system, state, times, options, step_size, grad="
     direction = 1.0 if times[-1] > times[0] else -1.0
     traj = adaptive_rollout(system, state.q0, state.p0, eps=direction * step_size, control=control,
                             until=times[-1], method=integrator, t0=times[0], h_min=h_min,
-                            max_steps=max_steps, form=form, grad=grad, **(grad_options or {}))
+                            max_steps=max_steps, form=form, grad=grad,
+                            progress=options.get("progress", False), **(grad_options or {}))
     tt = torch.tensor(times[1:], dtype=state.q0.dtype, device=state.q0.device)
     Q, P = traj.at(tt)
     return torch.cat([state.q0.unsqueeze(0), Q]), torch.cat([state.p0.unsqueeze(0), P])

@@ -60,15 +60,21 @@ from .integrators.registry import register
 from .integrators.variational import VariationalIntegrator
 from .lagrangian import Lagrangian, SecondOrderSystem, ConstantMatrix
 from .maps import AlphaMap
-from .systems import ODESystem, System
+from .systems import TIME_NAMES, ODESystem, System
 
 Tensor = torch.Tensor
 
 __all__ = ["ForcedSystem", "ForcedVariationalIntegrator", "discrete_work", "FORCED_VARIATIONAL_METHODS"]
 
 
+#: the names that make a defaulted parameter of F(q, z, t, u) one of z, t, u (else a constant)
+_SLOT_NAMES = (("q",), ("z", "p", "v"), TIME_NAMES, ("u", "control"))
+
+
 def _arity(fn: Callable) -> int:
-    """Number of positional parameters (VAR_POSITIONAL counts as 4: takes everything)."""
+    """How many of (q, z, t, u) F takes: its leading positional parameters, a parameter with a
+    default counted only when named as its slot is (``F(q, z, c=0.3)`` has a constant c, not a
+    time, as ``systems.takes_time`` reads ``H(q, p, omega=2.0)``); VAR_POSITIONAL takes all 4."""
     try:
         sig = inspect.signature(fn.forward if isinstance(fn, nn.Module) else fn)
     except (TypeError, ValueError):
@@ -76,7 +82,29 @@ def _arity(fn: Callable) -> int:
     params = list(sig.parameters.values())
     if any(p.kind == p.VAR_POSITIONAL for p in params):
         return 4
-    return len([p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)])
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    n = 0
+    for p in positional:
+        if p.default is not p.empty and (n >= len(_SLOT_NAMES) or p.name not in _SLOT_NAMES[n]):
+            break
+        n += 1
+    return n
+
+
+def _timed_call(fn, what: str, t, *args):
+    """fn(*args) (fn(t) without args), where t may be a tensor of per-sample times (variable
+    steps, ``step_control``: each sample at its own time): a function written for a Python
+    float t there fails inside the user's code with an unrelated message, so it is named."""
+    try:
+        return fn(*args) if args else fn(t)
+    except (TypeError, ValueError, RuntimeError) as err:
+        if isinstance(t, torch.Tensor) and t.dim() > 0:
+            raise TypeError(f"{what} failed on per-sample times t of shape {tuple(t.shape)} "
+                            f"({type(err).__name__}: {err}): with variable steps (step_control) "
+                            "each sample has its own time, so t is a tensor of the batch shape; "
+                            "write it with torch operations on t (torch.sin(t), not math.sin(t)) "
+                            "returning one value per sample") from err
+        raise
 
 
 def _check_psd(C: Tensor, what: str) -> None:
@@ -98,7 +126,8 @@ class ForcedSystem(System):
     ``system``: a Hamiltonian-like :class:`~torchgeo_int.System` on (q, p) (Hamiltonian,
     SeparableHamiltonian, an HNN) or a :class:`~torchgeo_int.Lagrangian` (state (q, p), p = ∂L/∂v).
     ``force``: ``F(q)``, ``F(q, z)``, ``F(q, z, t)`` or ``F(q, z, t, u)`` → (..., n), z = p for a
-    Hamiltonian system and v for a Lagrangian one (told by the number of positional parameters);
+    Hamiltonian system and v for a Lagrangian one (told by the number of positional parameters;
+    one with a default is a constant unless named z/p/v, t/time/tau or u/control in its place);
     ``velocity_dependent`` (default: F takes z) says whether F depends on z.
     ``damping``: C in F = −C v, v = ∂H/∂p (or the Lagrangian velocity): a number, a vector
     (diagonal), a symmetric (n, n) matrix, or a callable C(q) → (..., n, n); it must be positive
@@ -171,7 +200,7 @@ class ForcedSystem(System):
         u = self.control
         if u is None:
             return None
-        u = u(t) if callable(u) else u
+        u = _timed_call(u, "the control u(t)", t) if callable(u) else u
         if not isinstance(u, torch.Tensor):
             raise TypeError(f"the control must be a tensor (k,) or (*batch, k), got {type(u).__name__}")
         return u
@@ -214,7 +243,8 @@ class ForcedSystem(System):
         F = None
         if self.force_fn is not None:
             args = (q, z, t, u)[:self._force_arity]
-            F = self.force_fn(*args)
+            F = _timed_call(self.force_fn, "the force F(q, z, t)", t, *args) if self._force_arity >= 3 \
+                else self.force_fn(*args)
             if not isinstance(F, torch.Tensor) or F.shape != q.shape:
                 got = tuple(F.shape) if isinstance(F, torch.Tensor) else type(F).__name__
                 raise ValueError(f"the force must return a tensor shaped like q {tuple(q.shape)}, got {got}")

@@ -150,6 +150,11 @@ class Composition(Integrator):
         self.order = order
         self.name = name or f"composition({', '.join(m.name for m in methods)})"
         self._split = self._merged_splitting()
+        # the stages' check of an initial state (T*N of a constrained step, a group element of a
+        # Lie-group step): the first stage takes the rollout's q0, p0, the others its outputs
+        checks = [m.check_state for m, _ in self._stages if m.check_state is not None]
+        if checks:
+            self.check_state = checks[0]
 
     def _is_symmetric(self) -> bool:
         s = len(self._stages)
