@@ -320,3 +320,50 @@ def test_bad_input():
     with pytest.raises(tgi.ConvergenceError, match="step 0"):
         with torch.no_grad():
             rollout(heavy_top(), LieGroupIntegrator("cayley", 0.5, max_iter=6), g0, 30 * mu0, 2.0, 2)
+
+
+def test_checkpoint_of_autograd_lie_systems_and_a_fitted_spring_top_inertia():
+    """grad='checkpoint' refused every SO3HNN / autograd LieHamiltonian rollout (its derivative's
+    fresh leaf was taken for an unlisted tensor); SpringTop froze a Parameter inertia (a copy made
+    at construction: the optimiser moved the Parameter, the body kept the old moments)."""
+    torch.manual_seed(0)
+    model = hnn()
+    g0, mu0 = initial(model, 2)
+
+    def grads(grad):
+        model.zero_grad()
+        gs, ms = tgi.rollout(model, g0, mu0, h=0.1, steps=6, method="lie_midpoint_cayley", grad=grad)
+        ((ms ** 2).sum() + gs[..., 0, 1].sum()).backward()
+        return [torch.zeros_like(w) if w.grad is None else w.grad.clone() for w in model.parameters()]
+
+    for a, b in zip(grads("backprop"), grads("checkpoint")):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-14)
+    I = torch.tensor([1.0, 2.0, 3.5])
+    lh = LieHamiltonian(lambda g, mu: 0.5 * (mu * mu / I).sum(-1) + g[..., 2, 2])
+    got = []
+    for grad in ("backprop", "checkpoint"):
+        mu = mu0.clone().requires_grad_()
+        gs, ms = tgi.rollout(lh, g0, mu, h=0.1, steps=6, method="lie_midpoint_exp", grad=grad)
+        got.append(torch.autograd.grad((ms ** 2).sum(), mu)[0])
+    assert torch.allclose(*got, rtol=1e-12, atol=1e-14)
+    moments = torch.nn.Parameter(torch.tensor([0.8, 1.1, 0.5]))
+    top = SpringTop(moments, mass=1.5)
+    assert [n for n, _ in top.named_parameters()] == ["moments"]
+    g0, mu0 = initial(top, 2)
+    before = tgi.rollout(top, g0, mu0, h=0.05, steps=5, method="lie_midpoint_cayley")[1][-1]
+    with torch.no_grad():
+        moments.mul_(1.5)
+    after = tgi.rollout(top, g0, mu0, h=0.05, steps=5, method="lie_midpoint_cayley")[1][-1]
+    assert not torch.allclose(before, after) and torch.equal(top.inertia[:3], moments.detach())
+    assert torch.equal(top.inertia[3:], torch.full((3,), 1.5))
+
+
+def test_another_family_of_method_on_a_lie_system_is_named():
+    """verlet, or variable steps, on a FreeRigidBody said only that g0 and mu0 differ in shape."""
+    fb = free_body()
+    g0, mu0 = initial(fb, 2)
+    for kw, what in ((dict(), "not by 'verlet'"),
+                     (dict(method="lie_midpoint_cayley", step_control=tgi.power_law_control(1.5)),
+                      "not by variable steps")):
+        with pytest.raises(ValueError, match=f"FreeRigidBody is stepped by a Lie-group method .*{what}"):
+            tgi.rollout(fb, g0, mu0, h=0.1, steps=3, **kw)

@@ -212,3 +212,13 @@ def test_rattle_and_the_maps_checks_on_an_empty_batch_and_nan():
         tgi.rollout(PEND, bad, p0, h=0.1, steps=3, method=Rattle())
     assert SphereMap(0.5).check(empty) == {"i": 0.0, "ii": 0.0}
     assert LieGroupMap(SO3, "cayley", 0.5).check(torch.zeros(0, 3, 3, dtype=torch.float64)) == {"i": 0.0, "ii": 0.0}
+
+
+def test_a_rattle_step_of_size_zero_is_the_identity():
+    """h = 0 through the public step gave NaN (the multiplier's 0/0); the Lie steps return
+    their input."""
+    P = SphericalPendulum(mass=1.3, length=0.8, gravity=2.0)
+    q0 = torch.tensor([[0.6, 0.0, -0.8]], dtype=torch.float64)
+    p0 = sphere.project(q0, torch.tensor([[0.0, 0.9, 0.3]], dtype=torch.float64))
+    q, p = Rattle()(P, q0, p0, 0.0, 0.0)
+    assert torch.equal(q, q0) and torch.equal(p, p0)

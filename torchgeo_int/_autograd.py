@@ -14,15 +14,23 @@ import torch
 Tensor = torch.Tensor
 
 
+def internal_leaf(x: Tensor) -> Tensor:
+    """x as a fresh leaf that requires grad, marked as the package's own (``internal``): a
+    derivative's input or a solver's start, never a tensor of the caller's, so the lean grad
+    modes' check for tensors a closure captured (``gradients._untracked_leaves``) passes it."""
+    leaf = x.detach().requires_grad_()
+    leaf.internal = True
+    return leaf
+
+
 def grad_inputs(xs: tuple[Tensor, ...], keep: bool) -> tuple[Tensor, ...]:
     """The tensors to differentiate a function of ``xs`` with respect to, for its *partial*
     derivatives: each x that carries the caller's graph (``keep`` and ``x.requires_grad``) as
     ``x.view_as(x)``, a node of its own, so that ∂/∂x follows x's direct uses only and not
     another input computed from x (p from q after a kick: differentiating with respect to q
     itself would add ∂p/∂q's path, a total derivative), the result still differentiable back
-    to x; every other x as a fresh leaf."""
-    return tuple(x.view_as(x) if (keep and x.requires_grad) else x.detach().requires_grad_()
-                 for x in xs)
+    to x; every other x as an :func:`internal_leaf`."""
+    return tuple(x.view_as(x) if (keep and x.requires_grad) else internal_leaf(x) for x in xs)
 
 
 def reaches_other_leaves(out: Tensor, own: tuple[Tensor, ...]) -> bool:

@@ -17,6 +17,15 @@ def check_tensor(x, name: str, *, min_dim: int = 1) -> torch.Tensor:
     return x
 
 
+def check_own_methods(system, what: str) -> None:
+    """A system whose states only its own family of methods steps (``stepped_by``: a Lie-group
+    system's (g, μ)) refused by ``what`` (a method of another family, variable steps), by name:
+    the pair check that follows would only say that g and μ differ in shape."""
+    family = getattr(system, "stepped_by", None)
+    if family:
+        raise ValueError(f"{type(system).__name__} is stepped by {family}, not by {what}")
+
+
 def check_pair(a, b, names: tuple[str, str]) -> None:
     """Two points of the same space: tensors of one shape, dtype and device."""
     check_tensor(a, names[0])

@@ -76,7 +76,7 @@ from typing import Callable
 
 import torch
 
-from ._validate import (broadcasts_to, check_finite, check_int, check_nonzero, check_pair,
+from ._validate import (broadcasts_to, check_finite, check_int, check_nonzero, check_own_methods, check_pair,
                         check_placement, check_real, check_scalar)
 from .integrators import METHODS, TABLES, Composition, get_method
 from .gradients import SegmentFunction, check_reconstruction, reverse_sweep
@@ -350,6 +350,7 @@ class AdaptiveTrajectory:
 
 # -- reversible variable steps ----------------------------------------------------------------------
 def _check_state(system, q0, p0, state_dims):
+    check_own_methods(system, "variable steps (step_control)")
     check_pair(q0, p0, ("q0", "p0"))
     check_finite(q0, "q0")
     check_finite(p0, "p0")

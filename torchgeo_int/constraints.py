@@ -40,7 +40,7 @@ from typing import Callable
 
 import torch
 
-from ._autograd import batch_jacobian, reaches_other_leaves
+from ._autograd import batch_jacobian, grad_inputs, reaches_other_leaves
 from ._validate import check_finite, check_pair, find_singular
 from .integrators.base import ImplicitIntegrator, Integrator
 from .integrators.registry import register
@@ -96,7 +96,7 @@ class ConstrainedSystem(System):
         mode is on and something it depends on requires grad (as ``systems.grad_of``)."""
         keep = torch.is_grad_enabled()
         with torch.enable_grad():
-            x = q if (keep and q.requires_grad) else q.detach().requires_grad_()
+            x, = grad_inputs((q,), keep)
             c = self.constraint(x)
             if keep and not q.requires_grad:
                 keep = reaches_other_leaves(c, (x,))

@@ -380,7 +380,7 @@ def _untracked_leaves(outputs, known):
             continue
         seen.add(fn)
         var = getattr(fn, "variable", None)
-        if var is not None and id(var) not in known_ids and not getattr(var, "solver_start", False):
+        if var is not None and id(var) not in known_ids and not getattr(var, "internal", False):
             found.append(var)
         stack.extend(f for f, _ in fn.next_functions)
     return found

@@ -294,7 +294,7 @@ class Lagrangian(System):
         """W = ∂²L/∂v², (..., n, n)."""
         keep = torch.is_grad_enabled()
         with torch.enable_grad():
-            vv = v if (keep and v.requires_grad) else v.detach().requires_grad_()
+            vv, = grad_inputs((v,), keep)
             qq = q if keep else q.detach()
             L = self.L(qq, vv, t).sum()
             if keep and not (q.requires_grad or v.requires_grad):

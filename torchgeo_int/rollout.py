@@ -13,7 +13,7 @@ import torch
 
 from ._loop import n_saved, progress_bar
 from ._loop import run_loop  # noqa: F401  (its historical home: tests and experiments import it here)
-from ._validate import (check_even_last_dim, check_finite, check_int, check_nonzero, check_pair,
+from ._validate import (check_even_last_dim, check_finite, check_int, check_nonzero, check_own_methods, check_pair,
                         check_placement, check_scalar, check_tensor)
 from .integrators import Integrator, get_method
 from .solve import grad_mode, solve
@@ -104,6 +104,7 @@ def rollout(system, q0: torch.Tensor, p0: torch.Tensor | None = None, *, h: floa
     elif integrator.check_state is not None:
         integrator.check_state(system, q0, p0)  # e.g. Lie groups: g (..., 3, 3) with μ (..., 3)
     else:
+        check_own_methods(system, f"{integrator.name!r}")
         check_pair(q0, p0, ("q0", "p0"))
         check_finite(q0, "q0")
         check_finite(p0, "p0")

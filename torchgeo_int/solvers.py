@@ -82,7 +82,7 @@ import math
 
 import torch
 
-from ._autograd import reaches_other_leaves
+from ._autograd import internal_leaf, reaches_other_leaves
 
 __all__ = ["ConvergenceError", "SolveOptions", "default_tol", "fixed_point", "newton"]
 
@@ -598,8 +598,7 @@ def newton(residual, z0, *, args=(), tol=None, max_iter=50, damping=1.0, backwar
                 if not x.requires_grad:
                     # the start (a guess, nothing to differentiate) as a leaf for the Jacobian;
                     # marked, so the lean modes' closure check does not take it for a closure
-                    x = x.detach().requires_grad_()
-                    x.solver_start = True
+                    x = internal_leaf(x)
                 xl = x
             else:
                 xl = x.detach().requires_grad_()

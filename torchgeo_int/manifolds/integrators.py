@@ -342,6 +342,8 @@ class Rattle(Integrator):
         _check_sphere_system(system)
         M, r2 = system.mass_matrix, system.radius ** 2
         force = system.force(q, t) if cache is None else cache
+        if isinstance(h, (int, float)) and h == 0:     # the identity (λ below would be 0/0)
+            return q, p, force
         a = p + (0.5 * h) * force
         c = h / M
         b = q + c * a

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .._validate import check_real
 from ..systems import SeparableHamiltonian, System, takes_time, grad_of
 from .lie import LieGroup, get_group
 from .so3 import check_rotation
@@ -41,6 +42,8 @@ class LieGroupSystem(System):
     #: H = ½⟨μ, 𝕀⁻¹μ⟩ + U(g): ``velocity(μ)`` = 𝕀⁻¹μ and ``torque(g, t)`` = −L_g*∂U/∂g exist.
     rigid = False
     time_dependent = False
+    #: what steps (g, μ) (rollout names it when given another method)
+    stepped_by = "a Lie-group method (LIE_METHODS, e.g. method='lie_midpoint_cayley')"
 
     def __init__(self, group="SO3"):
         super().__init__()
@@ -125,13 +128,14 @@ class RigidBody(LieGroupSystem):
 
     rigid = True
 
-    def __init__(self, inertia, potential=None, *, potential_grad=None, group="SO3"):
+    def __init__(self, inertia, potential=None, *, potential_grad=None, group="SO3",
+                 _name="inertia"):
         super().__init__(group)
-        I = _as_inertia(inertia, self.group.dim)
+        I = _as_inertia(inertia, self.group.dim if _name == "inertia" else 3)
         if isinstance(I, torch.nn.Parameter):
-            self.inertia = I
+            setattr(self, _name, I)
         else:   # a buffer, so system.to(device) moves it (not saved: it is the constructor's)
-            self.register_buffer("inertia", I, persistent=False)
+            self.register_buffer(_name, I, persistent=False)
         self.potential, self.potential_grad = potential, potential_grad
         self.time_dependent = potential is not None and takes_time(potential, 1)
 
@@ -228,14 +232,22 @@ class SpringTop(RigidBody):
     def __init__(self, inertia, *, mass: float = 1.0, gravity: float = 1.0, stiffness: float = 10.0,
                  attach=(0.0, 0.0, 0.5)):
         I = _as_inertia(inertia, 3)
-        I6 = torch.cat([I if I.dim() == 1 else torch.diagonal(I),
-                        torch.full((3,), float(mass), dtype=I.dtype, device=I.device)])
         if I.dim() == 2 and not bool(torch.allclose(I, torch.diag(torch.diagonal(I)))):
             raise ValueError("SpringTop takes principal moments (a diagonal inertia)")
+        check_real(mass, "mass", 0.0, lo_open=True)
         self.m, self.g0, self.k = float(mass), float(gravity), float(stiffness)
         a = torch.as_tensor(attach, dtype=torch.get_default_dtype())
-        super().__init__(I6, self._potential, potential_grad=self._potential_grad, group="SO3xR3")
+        # the moments are registered as given (a Parameter stays one: fitted, it moves the body);
+        # 𝕀 = diag(moments, m, m, m) is assembled at use, not once here
+        super().__init__(I, self._potential, potential_grad=self._potential_grad, group="SO3xR3",
+                         _name="moments")
         self.register_buffer("attach", a, persistent=False)
+
+    @property
+    def inertia(self):
+        """diag(moments, m, m, m) as the 6-vector the steps divide by."""
+        I = self.moments if self.moments.dim() == 1 else torch.diagonal(self.moments)
+        return torch.cat([I, I.new_full((3,), self.m)])
 
     def _potential(self, g):
         R, x = g[..., :3], g[..., 3]

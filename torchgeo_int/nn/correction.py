@@ -108,8 +108,7 @@ def _verlet_separable(T, V, q, p, h):
     """Verlet's h² term for H = T(p) + V(q): h² (V''(T', T')/12 − T''(V', V')/24), two
     Hessian–vector products of one network each (what the general formula reduces to)."""
     with torch.enable_grad():
-        q = q if q.requires_grad else q.detach().requires_grad_()
-        p = p if p.requires_grad else p.detach().requires_grad_()
+        q, p = grad_inputs((q, p), True)
         dV, = _grad(V(q).sum(), (q,))
         dT, = _grad(T(p).sum(), (p,))
         VT, = _grad(dV, (q,), (dT,))
