@@ -248,3 +248,43 @@ def test_accept_reject_callbacks_warn_like_torchdiffeq(name):
     with pytest.warns(UserWarning, match="does not support callbacks"):
         tgi.odeint(f, torch.ones(2, dtype=DT), torch.tensor([0.0, 1.0], dtype=DT), method="implicit_euler",
                    options=dict(step_size=0.1))
+
+
+def test_step_counts_and_landings_at_large_times_and_numpy_scalars():
+    """At large |t| the round-off allowance (16 eps |t| / h) dropped whole steps (1000 steps of
+    1e-3 on [1e6, 1e6 + 1] in float32 became one) and merged intervals of different lengths
+    ([1e6, 1e6 + 1, 1e6 + 3] landed at 1e6 + 1.5); numpy scalars were refused as step sizes and
+    tolerances (torchdiffeq takes them)."""
+    import numpy as np
+    calls = []
+
+    def f(t, y):
+        calls.append(float(t))
+        return torch.ones_like(y)
+
+    for dtype, t, h, n in ((torch.float32, [1e6, 1e6 + 1.0], 1e-3, 1000),
+                           (torch.float32, [1000.0, 1000.01], 1e-4, 100),   # dt/h = 100.098
+                           (torch.float64, [1e9, 1e9 + 0.01], 1e-3, 10)):
+        calls.clear()
+        tt = torch.tensor(t, dtype=dtype)
+        y = tgi.odeint(f, torch.zeros(2, dtype=dtype), tt, method="explicit_euler", options=dict(step_size=h))
+        assert len(calls) == n and float(tt[1] - tt[0]) / n <= h * 1.001
+        assert float(y[-1, 0]) == pytest.approx(float(tt[1] - tt[0]), rel=1e-5)
+    for dtype, t0 in ((torch.float32, 1e6), (torch.float64, 1e15)):
+        tt = torch.tensor([t0, t0 + 1, t0 + 3], dtype=dtype)
+        for method in ("explicit_euler", "verlet", "implicit_midpoint"):
+            y = tgi.odeint(lambda t, y: torch.ones_like(y), torch.zeros(2, dtype=dtype), tt, method=method)
+            assert y[:, 0].tolist() == [0.0, 1.0, 3.0], method
+    y0, t = torch.ones(2, dtype=DT), torch.linspace(0, 1, 5, dtype=DT)
+    a = tgi.odeint(lambda t, y: -y, y0, t, method="rk4", options=dict(step_size=np.float32(0.125)))
+    b = tgi.odeint(lambda t, y: -y, y0, t, method="rk4", options=dict(step_size=0.125))
+    assert torch.equal(a, b)
+    tgi.odeint(lambda t, y: -y, y0, t, rtol=np.float32(1e-5), atol=np.float64(1e-6))
+    tgi.odeint(lambda t, y: -y, y0, t, method="verlet", options=dict(step_size=np.int64(1) / 8, split=1))
+
+
+def test_an_energy_under_inference_mode_is_named():
+    H = lambda q, p: 0.5 * (p * p).sum(-1) + 0.5 * (q * q).sum(-1)   # noqa: E731
+    with torch.inference_mode(), pytest.raises(RuntimeError, match=r"inference_mode\(\); use torch.no_grad"):
+        tgi.odeint(None, torch.ones(2, 2, dtype=DT), torch.linspace(0, 1, 3, dtype=DT), method="verlet",
+                   options=dict(hamiltonian=H, step_size=0.1))

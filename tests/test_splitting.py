@@ -689,3 +689,25 @@ def test_jacobi_n_body_refuses_bad_input_clearly():
     for G in (float("nan"), -1.0, 0.0, "1"):
         with pytest.raises(ValueError, match="G must be"):
             WH.JacobiNBody(system.m, G)
+
+
+def test_processed_methods_refuse_a_field_that_changes_with_t_and_keep_their_own_kernel_state():
+    """A VectorFieldSystem or odeint's func does not declare time_dependent: a forced field ran
+    at the kernel's order (processed_bcm6: 4.0).  In a Composition one processed method took the
+    other's kernel state as its own (order 6 → 4)."""
+    f = lambda t, y: (y[1], -y[0] - y[0] ** 3 + 0.5 * torch.cos(1.3 * torch.as_tensor(t)))   # noqa: E731
+    q0, p0 = torch.tensor([[0.3]]), torch.tensor([[0.1]])
+    with pytest.raises(ValueError, match="this field changes with t"):
+        tgi.odeint(f, (q0, p0), torch.tensor([0.0, 3.0]), method="processed_bcm6",
+                   options=dict(step_size=0.1, separable=True))
+    auto = lambda t, y: (y[1], -y[0] - y[0] ** 3)   # noqa: E731
+    tgi.odeint(auto, (q0, p0), torch.tensor([0.0, 3.0]), method="processed_bcm6",
+               options=dict(step_size=0.1, separable=True))
+    m1, m2 = tgi.SPLITTING_METHODS["processed_bcm6"], tgi.SPLITTING_METHODS["processed_blanes6"]
+    comp = tgi.Composition([m1, m2], [0.5, 0.5])
+    system, Q, P = _kepler_like()
+    with torch.no_grad():
+        q, p, _ = comp.step(system, Q, P, 0.0, 0.4)
+        qa, pa, _ = m1.step(system, Q, P, 0.0, 0.2)
+        qb, pb, _ = m2.step(system, qa, pa, 0.2, 0.2)
+    assert torch.equal(q, qb) and torch.equal(p, pb)

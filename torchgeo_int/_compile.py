@@ -756,8 +756,9 @@ class CompiledStep(Stepper):
                               "Lie-group methods: their warm start is not a tuple of tensors)",
                               stacklevel=3)
             else:
-                warnings.warn(f"compile=True: {self.kernels.name!r} is implicit on this system: "
-                              "its solver loop runs eagerly and only the vector field is "
+                warnings.warn(f"compile=True: {self.kernels.name!r} is not a kick–drift "
+                              "splitting on this system (an implicit, first-order or processed "
+                              "method): its steps run eagerly and only the vector field is "
                               f"compiled (for states of >= {FIELDS_MIN} elements; smaller ones "
                               "run eagerly)", stacklevel=3)
 

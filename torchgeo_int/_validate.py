@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -81,7 +82,7 @@ def check_real(value, name: str, lo: float, hi: float | None = None, *,
                lo_open: bool = False) -> float:
     """A finite real (an int or float, not a bool) >= lo (> lo with ``lo_open``) and < hi, as a
     float: learning rates, decay rates, weights."""
-    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
           and (value > lo if lo_open else value >= lo) and (hi is None or value < hi))
     if not ok:
         bound = f"{'>' if lo_open else '>='} {lo:g}" + (f" and < {hi:g}" if hi is not None else "")
@@ -100,7 +101,7 @@ def check_scalar(x, name: str, what: str = "number") -> float:
         if x.requires_grad:
             raise ValueError(f"{name} requires grad, but it is read as a Python number (no "
                              f"gradient reaches it); differentiate through the states instead")
-    elif isinstance(x, bool) or not isinstance(x, (int, float)):
+    elif isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
     x = float(x)
     if not math.isfinite(x):

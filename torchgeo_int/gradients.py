@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 import warnings
 
 import torch
@@ -110,7 +111,7 @@ def check_reconstruction_tol(tol) -> float | None:
     """None, or a finite number >= 0 (a NaN would disable the check silently)."""
     if tol is None:
         return None
-    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 <= tol < float("inf"):
+    if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not 0 <= tol < float("inf"):
         raise ValueError(f"reconstruction_tol must be a finite number >= 0, got {tol!r}")
     return float(tol)
 

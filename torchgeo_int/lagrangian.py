@@ -20,6 +20,7 @@ discrete Lagrangian generates (``ComposedDiscreteLagrangian.generate``) is their
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Callable, Sequence
 
 import torch
@@ -50,7 +51,7 @@ class ConstantMatrix:
             return
         if isinstance(mass, bool):
             raise TypeError(f"{name} must be a number or a tensor, got a bool")
-        if isinstance(mass, (int, float)):
+        if isinstance(mass, numbers.Real):
             # float64 whatever the default dtype: a float32 3.0⁻¹ capped float64 runs at 1e-8
             mass = torch.tensor(float(mass), dtype=torch.float64)
         if not isinstance(mass, torch.Tensor):

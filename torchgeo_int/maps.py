@@ -15,6 +15,7 @@ batch); ``AlphaMap`` overrides them in closed form.
 """
 from __future__ import annotations
 
+import numbers
 from typing import Callable
 
 import torch
@@ -30,7 +31,7 @@ Tensor = torch.Tensor
 def check_alpha(alpha) -> float:
     """α as a float in [0, 1], or a clear error (the α of every map family: outside [0, 1] the base
     point leaves the segment [x₀, x₁] and the integrators lose their stability)."""
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
         raise TypeError(f"alpha must be a real number, got {type(alpha).__name__}")
     alpha = float(alpha)
     if not 0.0 <= alpha <= 1.0:

@@ -16,6 +16,7 @@ grad they are taken with ``create_graph`` so a loss on a rollout differentiates 
 from __future__ import annotations
 
 import inspect
+import numbers
 from typing import Callable
 
 import torch
@@ -148,6 +149,9 @@ def grad_of(fn: Callable[..., Tensor], inputs: tuple[Tensor, ...],
         # trace, and torch < 2.13 refuses its inputs' requires_grad_.  (The first, eager call
         # of a compiled rollout has run the checks below.)
         return torch.func.grad(lambda *xs: fn(*xs).sum(), argnums=tuple(range(len(inputs))))(*inputs)
+    if torch.is_inference_mode_enabled():   # enable_grad cannot lift it: "does not depend on its inputs" misled
+        raise RuntimeError(f"{_what(label, user_fn)}'s gradient (the vector field) needs autograd "
+                           "and cannot run under torch.inference_mode(); use torch.no_grad()")
     if inputs[0].is_complex() or inputs[-1].is_complex():
         raise TypeError(f"{_what(label, user_fn)} got complex states ({inputs[-1].dtype}): "
                         "Hamiltonian systems take real coordinates; split a complex z into "
@@ -362,7 +366,7 @@ def _quadratic_kinetic(mass):
         # in the state's dtype and device (a float64 mass made float32 states float64 under
         # backprop only, and implicit solves refuse the mixed dtype)
         return (lambda p: 0.5 * (p * p / mass.to(p)).sum(dims)), (lambda p: p / mass.to(p))
-    if isinstance(mass, bool) or not isinstance(mass, (int, float)) or not 0 < mass < float("inf"):
+    if isinstance(mass, bool) or not isinstance(mass, numbers.Real) or not 0 < mass < float("inf"):
         raise ValueError(f"mass must be a finite positive number or tensor, got {mass!r}")
     m = float(mass)
     if m == 1.0:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -76,7 +77,7 @@ def check_step_size(h):
         return None
     if isinstance(h, torch.Tensor) and h.numel() == 1:
         h = h.item()
-    if isinstance(h, bool) or not isinstance(h, (int, float)) or not (math.isfinite(h) and h > 0):
+    if isinstance(h, bool) or not isinstance(h, numbers.Real) or not (math.isfinite(h) and h > 0):
         raise ValueError(f"options['step_size'] must be a finite number > 0, got {h!r}")
     return float(h)
 
@@ -86,7 +87,7 @@ def tol_values(tol, name):
         return [v for x in tol for v in tol_values(x, name)]
     if isinstance(tol, torch.Tensor):
         vals = tol.detach().reshape(-1).tolist()
-    elif isinstance(tol, (int, float)) and not isinstance(tol, bool):
+    elif isinstance(tol, numbers.Real) and not isinstance(tol, bool):
         vals = [float(tol)]
     else:
         raise TypeError(f"{name} must be a number, a tensor or a tuple of them, got {type(tol).__name__}")

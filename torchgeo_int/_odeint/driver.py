@@ -73,6 +73,15 @@ def integrate(integrator, system, states, times, step_size, t_dtype, grad="backp
     return tuple(torch.cat(o) for o in outs)
 
 
+def _step_count(r, tol):
+    """Steps for an interval of r step sizes: ceil(r), or k = ⌊r⌋ when r exceeds k by no more
+    than t's round-off (``tol``: |Δt| is good to ~eps·|t|, so linspace grids take the step counts
+    users expect) nor by 10⁻³·r (a step at most 0.1 % above h: at large |t| the round-off is
+    whole steps, and subtracting it dropped them, 1000 steps of h becoming one)."""
+    k = math.floor(r)
+    return k if k >= 1 and r - k <= min(tol, 1e-3 * r) else max(1, math.ceil(r))
+
+
 def equal_step_runs(times, step_size, eps):
     """Runs (first interval, number of intervals, steps per interval) of consecutive intervals
     of t that share one step size."""
@@ -82,15 +91,14 @@ def equal_step_runs(times, step_size, eps):
     if step_size is None:
         ns = [1] * N
     else:
-        # The ratio carries the round-off of t (|Δt| is good to ~eps·|t|): within it of an
-        # integer it is that integer, so linspace grids take the step counts users expect.
-        ns = [max(1, math.ceil(abs(d) / step_size - 16 * eps * s / step_size))
-              for d, s in zip(dts, scale)]
+        ns = [_step_count(abs(d) / step_size, 16 * eps * s / step_size) for d, s in zip(dts, scale)]
     groups, i = [], 0
     while i < N:
         j = i + 1
+        # one run lands on every t of it to within a few ulps of t, not on the mean of
+        # intervals that differ by more (t = [1e6, 1e6 + 1, 1e6 + 3] in float32 landed at 1e6 + 1.5)
         while (j < N and ns[j] == ns[i]
-               and abs(dts[j] - dts[i]) <= 16 * eps * max(scale[i], scale[j])):
+               and abs(dts[j] - dts[i]) <= 2 * eps * max(scale[i], scale[j])):
             j += 1
         groups.append((i, j - i, ns[i]))
         i = j

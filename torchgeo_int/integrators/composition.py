@@ -10,6 +10,7 @@ next (FSAL) and an s-stage Verlet composition costs s force evaluations per step
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 from .base import Integrator, run_splitting
@@ -34,7 +35,7 @@ class CoefficientTable:
             raise ValueError(f"{self.name}: order must be an even int >= 2 (a palindromic "
                              f"composition is symmetric), got {self.order!r}")
         if (not isinstance(g, tuple) or not g
-                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in g)):
+                or not all(isinstance(x, numbers.Real) and not isinstance(x, bool) for x in g)):
             raise TypeError(f"{self.name}: gammas must be a non-empty tuple of real numbers, "
                             f"got {g!r}")
         if not all(math.isfinite(x) for x in g):

@@ -21,6 +21,7 @@ the discrete second-order equation) shares its caches and the acceleration adapt
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -42,7 +43,7 @@ def _split(x):
 
 
 def _real(x, name):
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+    if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x):
         raise TypeError(f"{name} must be a finite real number, got {x!r}")
     return float(x)
 

@@ -34,6 +34,8 @@ symmetric, order 2, explicit, and keeps |q| = 1, q·p = 0 to round-off at every 
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from ..integrators import TABLES, Composition
@@ -342,7 +344,7 @@ class Rattle(Integrator):
         _check_sphere_system(system)
         M, r2 = system.mass_matrix, system.radius ** 2
         force = system.force(q, t) if cache is None else cache
-        if isinstance(h, (int, float)) and h == 0:     # the identity (λ below would be 0/0)
+        if isinstance(h, numbers.Real) and h == 0:     # the identity (λ below would be 0/0)
             return q, p, force
         a = p + (0.5 * h) * force
         c = h / M

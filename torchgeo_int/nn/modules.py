@@ -23,6 +23,7 @@ the HNN paper's 2 hidden layers × 200, tanh, orthogonal weight initialisation.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Callable
 
 import torch
@@ -305,7 +306,7 @@ class MechanicalHNN(Hamiltonian):
                  init: str = "orthogonal", eps: float = 1e-3, constant_mass: bool = False):
         super().__init__(None, time_dependent=False)
         check_int(dim, "dim", 1)
-        if not (isinstance(eps, (int, float)) and eps > 0 and math.isfinite(eps)):
+        if not (isinstance(eps, numbers.Real) and eps > 0 and math.isfinite(eps)):
             raise ValueError(f"eps must be a finite positive number, got {eps!r}")
         self.dim, self.eps, self.constant_mass = dim, float(eps), bool(constant_mass)
         self.separable = self.constant_mass

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import numbers
 import os
 import random
 import time
@@ -64,7 +65,7 @@ def lr_factor(schedule, step: int, total: int) -> float:
     if schedule == "cosine":
         return 0.5 * (1.0 + math.cos(math.pi * step / max(total, 1)))
     value = schedule(step, total)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
             or value < 0:
         raise ValueError(f"lr_schedule(step, total) must return a finite number >= 0, got {value!r} "
                          f"at step {step}")
