@@ -711,3 +711,21 @@ def test_processed_methods_refuse_a_field_that_changes_with_t_and_keep_their_own
         qa, pa, _ = m1.step(system, Q, P, 0.0, 0.2)
         qb, pb, _ = m2.step(system, qa, pa, 0.2, 0.2)
     assert torch.equal(q, qb) and torch.equal(p, pb)
+
+
+def test_a_compiled_processed_method_compiles_its_kernel_and_processes_once_a_save():
+    """compile=True compiled a processed method as a whole: no splitting, so it ran step by step
+    with π after every step (2.5× the force evaluations) and warned that it was implicit.  Now the
+    kernel's blocks are compiled and π⁻¹, π stay where the bound stepper has them."""
+    import warnings
+    system, q0, p0 = _kepler_like()
+    for save_every in (25, 1):
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("error")
+            a = tgi.rollout(system, q0, p0, h=0.1, steps=50, method="processed_bcm8", save_every=save_every)
+            b = tgi.rollout(system, q0, p0, h=0.1, steps=50, method="processed_bcm8", save_every=save_every,
+                            compile=True)
+        assert all(torch.allclose(x, y, rtol=1e-12, atol=1e-13) for x, y in zip(a, b))
+    from torchgeo_int._compile import compiled_step
+    step = compiled_step(tgi.SPLITTING_METHODS["processed_bcm8"], system, steps=50, save_every=25)
+    assert type(step.kernel).__name__ == "CompiledStep"

@@ -498,11 +498,11 @@ class ProcessedSplitting(Integrator):
         q1, p1 = self.postprocess(system, qk, pk, h)
         return q1, p1, (q1, p1, qk, pk, force, h, self)
 
-    def bind(self, system):
-        """The kernel's bound stepper (``splitting_step``), n steps per call, with π⁻¹ / π
-        around: a :class:`_ProcessedStepper`."""
+    def bind(self, system, kernel=None):
+        """The kernel's bound stepper (``splitting_step``; ``kernel``: another stepper of it, the
+        compiled one), n steps per call, with π⁻¹ / π around: a :class:`_ProcessedStepper`."""
         self._check(system)
-        return _ProcessedStepper(self, system, splitting_step(*self.kernel.splitting(), system))
+        return _ProcessedStepper(self, system, kernel or splitting_step(*self.kernel.splitting(), system))
 
     def adjoint(self):
         """ψ*_h = ψ_{−h}⁻¹ = π_{−h} ∘ K*_h ∘ π_{−h}⁻¹: the adjoint kernel, the processor at −h."""
