@@ -251,16 +251,19 @@ def test_checkpoint_resume_is_bit_identical(tmp_path):
     assert blob["step"] == 10 and len(blob["history"]["loss"]) == 10
 
 
-@pytest.mark.parametrize("stop", [2, 6])        # inside the first epoch, inside the second
-def test_resume_with_a_shuffling_data_loader_is_bit_identical(tmp_path, stop):
-    """A DataLoader(shuffle=True) draws its order from the global RNG when its iteration starts:
-    the resumed epoch must see the rest of the interrupted run's order, not a new one."""
+@pytest.mark.parametrize("stop", [2, 4, 6])     # inside the first epoch, at its end, inside the second
+@pytest.mark.parametrize("own_generator", [False, True])
+def test_resume_with_a_shuffling_data_loader_is_bit_identical(tmp_path, stop, own_generator):
+    """A DataLoader(shuffle=True) draws its order from the global RNG when its iteration starts,
+    or from its own generator= (whose state the checkpoint did not keep: the resumed run saw
+    other batches): the resumed epoch must see the rest of the interrupted run's order."""
     from torch.utils.data import DataLoader, TensorDataset
     _, q, p = _pendulum_trajectories(B=4, T=9)
     data = make_windows(q, p, 2)           # 28 windows, batches of 8: 4 per epoch
 
     def loader():
-        return DataLoader(TensorDataset(*data), batch_size=8, shuffle=True)
+        gen = torch.Generator().manual_seed(11) if own_generator else None
+        return DataLoader(TensorDataset(*data), batch_size=8, shuffle=True, generator=gen)
 
     def seen(log):
         return lambda m, a, b: (log.append(a[:, 0, 0].clone()), _noisy_loss(m, a, b))[1]
@@ -311,6 +314,14 @@ def test_checkpoint_functions_and_resume_errors(tmp_path):
     torch.save({"weights": torch.zeros(1)}, tmp_path / "foreign.pt")
     with pytest.raises(ValueError, match="not a valid torchgeo_int checkpoint"):
         load_checkpoint(tmp_path / "foreign.pt", model)
+    # another optimizer class: refused before the model is touched (SGD on Adam's state failed
+    # inside its step, AdamW on Adam's ran without its weight decay)
+    third = HNN(1, **TINY)
+    before = [w.clone() for w in third.parameters()]
+    for opt in (torch.optim.SGD(third.parameters(), lr=0.1, momentum=0.9), torch.optim.AdamW(third.parameters())):
+        with pytest.raises(ValueError, match=f"an optimizer of class Adam, not {type(opt).__name__}"):
+            load_checkpoint(path, third, opt)
+    assert all(torch.equal(a, b) for a, b in zip(before, third.parameters()))
 
 
 # -- modules ---------------------------------------------------------------------------------

@@ -174,6 +174,21 @@ class _LoaderBatches:
     def __len__(self):
         return self._len
 
+    def generators(self):
+        """The loader's own generators (``DataLoader(generator=g)``, its sampler's): a shuffling
+        loader with one draws its order from it, not from the global RNG."""
+        found = []
+        for obj in (self.loader, getattr(self.loader, "sampler", None),
+                    getattr(getattr(self.loader, "batch_sampler", None), "sampler", None)):
+            g = getattr(obj, "generator", None)
+            if isinstance(g, torch.Generator) and not any(g is x for x in found):
+                found.append(g)
+        return found
+
+    def set_generators(self, states):
+        for g, state in zip(self.generators(), states or ()):
+            g.set_state(state.cpu())
+
     def epoch(self, e, start=0):
         """The batches of epoch ``e`` from batch ``start`` on.  A shuffling loader draws its
         order from the global RNG when its iteration starts; to skip ``start`` batches and see
@@ -187,7 +202,8 @@ class _LoaderBatches:
         if start and self.rng_at_epoch is not None:
             now = _rng_state()
             _set_rng_state(self.rng_at_epoch)
-        self.rng_at_epoch = _rng_state()
+            self.set_generators(self.rng_at_epoch.get("loader"))   # (they replay on from here)
+        self.rng_at_epoch = {**_rng_state(), "loader": [g.get_state() for g in self.generators()]}
         batches = iter(self.loader)
         for _ in range(start):       # the skipped batches draw what they drew the first time
             next(batches, None)
@@ -310,6 +326,7 @@ def save_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
         "step": int(step),
         "model": _unwrap(model).state_dict(),
         "optimizer": None if optimizer is None else optimizer.state_dict(),
+        "optimizer_class": None if optimizer is None else type(optimizer).__qualname__,
         "rng": _rng_state(),
         "history": {k: [float(v) for v in vals] for k, vals in (history or {}).items()},
         "extra": extra or {},
@@ -355,10 +372,17 @@ def load_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
         if bad:
             where = ", ".join(k or "metadata" for k in bad[:3]) + (" …" if len(bad) > 3 else "")
             raise _invalid(path, f"checksum mismatch in {where}: the file is damaged")
-    _unwrap(model).load_state_dict(blob["model"])
     if optimizer is not None:
         if blob["optimizer"] is None:
             raise ValueError(f"{path} holds no optimizer state")
+        # before anything is loaded: another optimizer's state failed inside its step (SGD on
+        # Adam's: KeyError 'momentum') or ran with the wrong settings (AdamW on Adam's)
+        saved, this = blob.get("optimizer_class"), type(optimizer).__qualname__
+        if saved is not None and saved != this:
+            raise ValueError(f"{path} holds the state of an optimizer of class {saved}, not "
+                             f"{this}: resume with the optimizer the checkpoint was written with")
+    _unwrap(model).load_state_dict(blob["model"])
+    if optimizer is not None:
         optimizer.load_state_dict(blob["optimizer"])
     if restore_rng:
         try:
@@ -475,6 +499,8 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
         start, losses = state["step"], list(state["history"].get("loss", []))
         if isinstance(batches, _LoaderBatches):
             batches.rng_at_epoch = state["extra"].get("rng_at_epoch")
+            # a resume at an epoch's start goes on from the generators' states at the save
+            batches.set_generators(state["extra"].get("loader_generators"))
     else:
         torch.manual_seed(seed)
 
@@ -483,6 +509,7 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
             extra = {"seed": seed, "total": total}
             if getattr(batches, "rng_at_epoch", None) is not None:   # a loader's (see its epoch)
                 extra["rng_at_epoch"] = batches.rng_at_epoch
+                extra["loader_generators"] = [g.get_state() for g in batches.generators()]
             save_checkpoint(checkpoint, model, opt, step=at, history={"loss": losses}, extra=extra)
 
     bar = _progress_bar(total, min(start, total), desc, progress)
