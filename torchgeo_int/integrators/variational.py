@@ -145,13 +145,20 @@ class VariationalIntegrator(ImplicitIntegrator):
             if not isinstance(L, MechanicalLagrangian):
                 L.check_regular(q, v0, t)
         scale = cache.scale if isinstance(cache, VelocityCache) else None
-        if scale is None:
+        fresh = scale is None
+        if fresh:
             scale = L.momentum_scale(q, v0, t)
         try:
             q1, p1 = self._solve(E, q, p, t, h, v0, scale=scale)
         except ConvergenceError:
             L.check_regular(q, v0, t)  # a degenerate L is the likelier cause: say so
-            raise
+            if fresh:
+                raise
+            # The scale is the rollout's first (a Hessian a step costs too much), and ∂²L/∂v²
+            # may have grown since (L = e^q|v|²/2: the residuals' round-off passed the tolerance
+            # at step 45): once more with this state's, which the rollout then keeps
+            scale = L.momentum_scale(q, v0, t)
+            q1, p1 = self._solve(E, q, p, t, h, v0, scale=scale)
         return q1, p1, VelocityCache((q1 - q) / h, scale)
 
     def discrete_lagrangian(self, L: Lagrangian) -> ComposedDiscreteLagrangian:
