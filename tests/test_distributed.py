@@ -154,7 +154,12 @@ def test_ddp_fit_equals_single_process_on_the_global_batch(two_ranks, key):
     files = sorted(p.name for p in out.iterdir() if p.name.startswith(key))
     assert files == [f"{key}.pt"]
     bare = _model(HNN if key == "derivative" else SeparableHNN)
-    assert load_checkpoint(out / f"{key}.pt", bare)["step"] == STEPS
+    state = load_checkpoint(out / f"{key}.pt", bare)
+    assert state["step"] == STEPS
+    # its history is the global-batch loss (rank 0's own losses were saved, so a resumed run's
+    # reduce_history averaged them with themselves)
+    torch.testing.assert_close(torch.tensor(state["history"]["loss"]), torch.tensor(ref_hist["loss"]),
+                               rtol=1e-12, atol=0)
     for k, v in bare.state_dict().items():
         torch.testing.assert_close(v, ref[k], rtol=0, atol=1e-12)
 

@@ -303,17 +303,10 @@ def distributed_loader(data, batch_size: int | None, *, shuffle: bool = True, se
 def reduce_history(history: dict) -> dict:
     """``fit``'s history with ``"loss"`` replaced by the global-batch loss of each step (the
     mean over ranks of the local means: equal local batches).  Collective: call on every rank."""
+    from .nn.training import mean_over_ranks
     if get_world_size() == 1 or not history.get("loss"):
         return history
-    dev = _collective_device()
-    loss = torch.tensor(history["loss"], dtype=torch.float64, device=dev)
-    dist.all_reduce(loss)
-    return {**history, "loss": (loss / get_world_size()).tolist()}
-
-
-def _collective_device() -> torch.device:
-    return (torch.device("cuda", torch.cuda.current_device())
-            if is_initialized() and dist.get_backend() == "nccl" else torch.device("cpu"))
+    return {**history, "loss": mean_over_ranks(history["loss"])}
 
 
 # ----------------------------------------------------------------------------- sharded rollouts
@@ -425,7 +418,8 @@ def sharded_rollout(system, q0: Tensor, p0: Tensor | None = None, *, h: float, s
     seconds = time.perf_counter() - start
 
     # reductions: statistics on every rank, timings and sizes gathered everywhere (small)
-    cdev = _collective_device()
+    from .nn.training import collective_device
+    cdev = collective_device()
     stats = torch.tensor([math.nan if e_max is None else float(e_max),
                           math.nan if rel_max is None else float(rel_max)], dtype=torch.float64, device=cdev)
     sums = torch.tensor([0.0 if e_sum is None else float(e_sum), float(count)], dtype=torch.float64, device=cdev)

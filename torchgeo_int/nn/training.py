@@ -234,6 +234,25 @@ def is_main_process() -> bool:
     return not (d.is_available() and d.is_initialized()) or d.get_rank() == 0
 
 
+def collective_device() -> torch.device:
+    """Where a collective's tensors live: the current GPU under nccl, else the CPU."""
+    d = torch.distributed
+    nccl = d.is_available() and d.is_initialized() and d.get_backend() == "nccl"
+    return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+
+
+def mean_over_ranks(values: list) -> list:
+    """Each entry's mean over the ranks of an initialised process group (a collective: every
+    rank calls it), or ``values`` itself in one process: the global-batch loss of each step
+    from the ranks' local means (equal local batches)."""
+    d = torch.distributed
+    if not (d.is_available() and d.is_initialized()) or d.get_world_size() == 1 or not values:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=collective_device())
+    d.all_reduce(t)
+    return (t / d.get_world_size()).tolist()
+
+
 def _rng_state() -> dict:
     state = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -505,12 +524,17 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
         torch.manual_seed(seed)
 
     def save(at):
-        if checkpoint is not None and is_main_process():
+        if checkpoint is None:
+            return
+        # every rank calls it; under DDP the checkpoint keeps the global-batch losses (rank 0's
+        # own were saved, and a resumed run's reduce_history averaged them with themselves)
+        history = {"loss": mean_over_ranks(losses)}
+        if is_main_process():
             extra = {"seed": seed, "total": total}
             if getattr(batches, "rng_at_epoch", None) is not None:   # a loader's (see its epoch)
                 extra["rng_at_epoch"] = batches.rng_at_epoch
                 extra["loader_generators"] = [g.get_state() for g in batches.generators()]
-            save_checkpoint(checkpoint, model, opt, step=at, history={"loss": losses}, extra=extra)
+            save_checkpoint(checkpoint, model, opt, step=at, history=history, extra=extra)
 
     bar = _progress_bar(total, min(start, total), desc, progress)
     pending: list[Tensor] = []
@@ -587,4 +611,4 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
 
 
 __all__ = ["fit", "lr_factor", "seed_everything", "make_optimizer", "TensorBatches", "save_checkpoint",
-           "load_checkpoint", "CheckpointError", "is_main_process"]
+           "load_checkpoint", "CheckpointError", "is_main_process", "mean_over_ranks"]
