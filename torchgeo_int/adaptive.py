@@ -76,8 +76,8 @@ from typing import Callable
 
 import torch
 
-from ._validate import (broadcasts_to, check_finite, check_int, check_nonzero, check_own_methods, check_pair,
-                        check_placement, check_real, check_scalar)
+from ._validate import (broadcasts_to, check_finite, check_int, check_nonzero, check_own_methods,
+                        check_pair, check_placement, check_real, check_scalar)
 from .integrators import METHODS, TABLES, Composition, get_method
 from .gradients import SegmentFunction, check_reconstruction, reverse_sweep
 from .integrators.base import explicit_splitting

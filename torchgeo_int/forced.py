@@ -243,8 +243,8 @@ class ForcedSystem(System):
         F = None
         if self.force_fn is not None:
             args = (q, z, t, u)[:self._force_arity]
-            F = _timed_call(self.force_fn, "the force F(q, z, t)", t, *args) if self._force_arity >= 3 \
-                else self.force_fn(*args)
+            F = (_timed_call(self.force_fn, "the force F(q, z, t)", t, *args)
+                 if self._force_arity >= 3 else self.force_fn(*args))
             if not isinstance(F, torch.Tensor) or F.shape != q.shape:
                 got = tuple(F.shape) if isinstance(F, torch.Tensor) else type(F).__name__
                 raise ValueError(f"the force must return a tensor shaped like q {tuple(q.shape)}, got {got}")

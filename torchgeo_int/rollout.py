@@ -13,8 +13,8 @@ import torch
 
 from ._loop import n_saved, progress_bar
 from ._loop import run_loop  # noqa: F401  (its historical home: tests and experiments import it here)
-from ._validate import (check_even_last_dim, check_finite, check_int, check_nonzero, check_own_methods, check_pair,
-                        check_placement, check_scalar, check_tensor)
+from ._validate import (check_even_last_dim, check_finite, check_int, check_nonzero,
+                        check_own_methods, check_pair, check_placement, check_scalar, check_tensor)
 from .integrators import Integrator, get_method
 from .solve import grad_mode, solve
 from .systems import Hamiltonian, System

@@ -38,10 +38,11 @@ branch adds ``implicit_midpoint`` and ``implicit_euler``.
 
 Steps: without ``options["step_size"]`` one step per interval of t; with ``step_size = h`` each
 interval [t_i, t_{i+1}] is cut into n_i = ceil(|t_{i+1} − t_i| / h) equal steps of size ≤ h (a
-ratio above an integer by no more than t's round-off and 10⁻³ of itself counts as that integer).  The outputs are the states
-reached at the t_i — never interpolated, which would break the symplecticity (or the
-invariants) of the outputs.  Consecutive intervals with the same step run as one
-``_loop.run_loop`` (their internal times agree with t to round-off).
+ratio above an integer by no more than t's round-off and 10⁻³ of itself counts as that
+integer: such steps exceed h by at most 0.1 %).  The outputs are the states reached at the t_i —
+never interpolated, which would break the symplecticity (or the invariants) of the outputs.
+Consecutive intervals with the same step run as one ``_loop.run_loop`` (their internal times
+agree with t to within a few ulps of t).
 
 Adaptive geometric steps (partitioned methods; :mod:`torchgeo_int.adaptive`):
 ``options["adaptive"] = "reversible"`` with ``step_size = ε`` runs time-reversible variable

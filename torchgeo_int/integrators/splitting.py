@@ -502,7 +502,8 @@ class ProcessedSplitting(Integrator):
         """The kernel's bound stepper (``splitting_step``; ``kernel``: another stepper of it, the
         compiled one), n steps per call, with π⁻¹ / π around: a :class:`_ProcessedStepper`."""
         self._check(system)
-        return _ProcessedStepper(self, system, kernel or splitting_step(*self.kernel.splitting(), system))
+        kernel = kernel or splitting_step(*self.kernel.splitting(), system)
+        return _ProcessedStepper(self, system, kernel)
 
     def adjoint(self):
         """ψ*_h = ψ_{−h}⁻¹ = π_{−h} ∘ K*_h ∘ π_{−h}⁻¹: the adjoint kernel, the processor at −h."""

@@ -129,7 +129,7 @@ class RigidBody(LieGroupSystem):
     rigid = True
 
     def __init__(self, inertia, potential=None, *, potential_grad=None, group="SO3",
-                 _name="inertia"):
+                 _name="inertia"):   # _name: SpringTop stores its 3 moments as "moments"
         super().__init__(group)
         I = _as_inertia(inertia, self.group.dim if _name == "inertia" else 3)
         if isinstance(I, torch.nn.Parameter):
