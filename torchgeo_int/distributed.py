@@ -40,6 +40,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, TensorDataset
 
+from .nn.training import collective_device, epoch_order, is_main_process, mean_over_ranks
 from .rollout import as_system, rollout
 
 Tensor = torch.Tensor
@@ -70,10 +71,6 @@ def get_rank() -> int:
 
 def get_world_size() -> int:
     return dist.get_world_size() if is_initialized() else 1
-
-
-def is_main_process() -> bool:
-    return get_rank() == 0
 
 
 def init_from_env(backend: str | None = None, *, device: str | None = None,
@@ -243,7 +240,7 @@ class ShardedSampler(DistributedSampler):
         self.total_size = self.num_samples * W
 
     def _order(self) -> Tensor:
-        from .nn.training import epoch_order      # the order fit's TensorBatches take
+        # the order fit's TensorBatches take
         return epoch_order(self.n, self.global_batch, self.shuffle, self.seed, self.epoch)
 
     def local_batches(self) -> Iterator[list[int]]:
@@ -303,7 +300,6 @@ def distributed_loader(data, batch_size: int | None, *, shuffle: bool = True, se
 def reduce_history(history: dict) -> dict:
     """``fit``'s history with ``"loss"`` replaced by the global-batch loss of each step (the
     mean over ranks of the local means: equal local batches).  Collective: call on every rank."""
-    from .nn.training import mean_over_ranks
     if get_world_size() == 1 or not history.get("loss"):
         return history
     return {**history, "loss": mean_over_ranks(history["loss"])}
@@ -418,7 +414,6 @@ def sharded_rollout(system, q0: Tensor, p0: Tensor | None = None, *, h: float, s
     seconds = time.perf_counter() - start
 
     # reductions: statistics on every rank, timings and sizes gathered everywhere (small)
-    from .nn.training import collective_device
     cdev = collective_device()
     stats = torch.tensor([math.nan if e_max is None else float(e_max),
                           math.nan if rel_max is None else float(rel_max)], dtype=torch.float64, device=cdev)
