@@ -638,6 +638,13 @@ def test_fit_lr_schedule_cosine_and_callable_and_resume(tmp_path):
             checkpoint=ck, resume=bool(split), lr_schedule="cosine" if split else sched)
         runs.append(torch.cat([x.detach().reshape(-1) for x in m.parameters()]))
     assert torch.equal(runs[0], runs[1])
+    # a cosine run resumed over another total would jump the lr: refused (it was taken)
+    ck = tmp_path / "cos.pt"
+    fit(SeparableHNN(1, **TINY), _noisy_loss, data, steps=3, batch_size=8, progress=False,
+        checkpoint=ck, lr_schedule="cosine")
+    with pytest.raises(ValueError, match="cosine schedule over 3 steps and this run's is over 8"):
+        fit(SeparableHNN(1, **TINY), _noisy_loss, data, steps=8, batch_size=8, progress=False,
+            checkpoint=ck, resume=True, lr_schedule="cosine")
     model.load_state_dict(init)
     with pytest.raises(ValueError, match="lr_schedule must be None, 'cosine'"):
         fit(model, _noisy_loss, data, steps=1, progress=False, lr_schedule="linear")

@@ -516,6 +516,12 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
     if source is not None:
         state = load_checkpoint(source, model, opt)
         start, losses = state["step"], list(state["history"].get("loss", []))
+        written = state["extra"].get("total")
+        if (lr_schedule == "cosine" and state["extra"].get("lr_schedule") == "cosine"
+                and written is not None and written != total):
+            # the cosine's factor at a step depends on the total: another one jumps the lr
+            raise ValueError(f"the checkpoint was written by a cosine schedule over {written} steps "
+                             f"and this run's is over {total}: resume with the same steps= (or epochs=)")
         if isinstance(batches, _LoaderBatches):
             batches.rng_at_epoch = state["extra"].get("rng_at_epoch")
             # a resume at an epoch's start goes on from the generators' states at the save
@@ -530,7 +536,8 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
         # own were saved, and a resumed run's reduce_history averaged them with themselves)
         history = {"loss": mean_over_ranks(losses)}
         if is_main_process():
-            extra = {"seed": seed, "total": total}
+            extra = {"seed": seed, "total": total,
+                     "lr_schedule": lr_schedule if lr_schedule in (None, "cosine") else "callable"}
             if getattr(batches, "rng_at_epoch", None) is not None:   # a loader's (see its epoch)
                 extra["rng_at_epoch"] = batches.rng_at_epoch
                 extra["loader_generators"] = [g.get_state() for g in batches.generators()]
