@@ -729,3 +729,10 @@ def test_a_compiled_processed_method_compiles_its_kernel_and_processes_once_a_sa
     from torchgeo_int._compile import compiled_step
     step = compiled_step(tgi.SPLITTING_METHODS["processed_bcm8"], system, steps=50, save_every=25)
     assert type(step.kernel).__name__ == "CompiledStep"
+
+
+def test_compose_measures_a_processed_method_on_a_separable_problem():
+    """Without system=, compose measured a processed method on the non-separable problem, which
+    it refuses ("needs a separable system")."""
+    m = tgi.SPLITTING_METHODS["processed_bcm6"]
+    assert tgi.compose([m, m.adjoint()], [0.5, 0.5]).order == 6

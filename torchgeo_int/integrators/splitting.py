@@ -213,6 +213,17 @@ def _generic_problem():
     return Hamiltonian(H, grad=grad)
 
 
+def _separable_only(integrator) -> bool:
+    """Whether ``integrator`` steps separable systems only: a kick–drift splitting, a processed
+    one (no splitting of its own), or stages of those (a processed method measured on the
+    non-separable problem was refused as "needs a separable system")."""
+    if integrator.splitting() is not None or isinstance(integrator, ProcessedSplitting):
+        return True
+    stages = getattr(integrator, "stages", None)
+    parts = [m for m, _ in stages()] if stages is not None else []
+    return bool(parts) and all(m is not integrator and _separable_only(m) for m in parts)
+
+
 def _rounded(measured: float, symmetric: bool) -> int:
     """A measured order as an int; a symmetric method's order is even (HLW Thm II.3.2), and at
     orders 8–10 the float64 measurement reads low (sofspa10's γ over implicit midpoint: 9.x;
@@ -228,7 +239,7 @@ def measured_order(integrator, system=None, *, h0=0.4, floor=1e-11, points=6) ->
     (float64, 4 random states).  ``system``: default an RKN problem for explicit splittings, a
     non-separable Hamiltonian otherwise."""
     if system is None:
-        system = _rkn_problem() if integrator.splitting() is not None else _generic_problem()
+        system = _rkn_problem() if _separable_only(integrator) else _generic_problem()
     g = torch.Generator().manual_seed(0)
     q = 0.5 * torch.randn(4, 2, generator=g, dtype=torch.float64)
     p = 0.5 * torch.randn(4, 2, generator=g, dtype=torch.float64)
