@@ -220,10 +220,25 @@ def test_hnn_study_tiny_run_and_merge(tmp_path, capsys):
     # a failed rollout (inf) is counted, not averaged in
     assert hnn_run._mean_se([1.0, 3.0, float("inf")]) == (2.0, 1.0)
     assert hnn_run._mean_se([float("inf")]) == (None, None)
+    rows = [{"seed": 0, "energy_mse": 1.0, "eps_H": 0.1}, {"seed": 1, "energy_mse": 3.0, "eps_H": 0.3},
+            {"seed": 2, "energy_mse": float("inf"), "eps_H": 9.0, "failed": "ConvergenceError"}]
+    s = hnn_run._summary(rows)          # every metric over the same seeds: the failed one's ε_H too
+    assert s["energy_mse"]["mean"] == 2.0 and s["eps_H"]["mean"] == pytest.approx(0.2)
+    assert s["failed_seeds"] == [2]
     merged = hnn_run.run("spring", arm_keys=["c"], merge=True, **args)
     assert list(merged["arms"]) == ["a", "b1", "c"]
     for key in ("a", "b1", "c"):
         assert merged["arms"][key]["per_seed"][0]["energy_mse"] == rep["arms"][key]["per_seed"][0]["energy_mse"]
+    # the merge kept the earlier arms' seed-0 rollouts (it wrote over them with its own only, so
+    # no merge ever redrew the figures)
+    assert set(torch.load(tmp_path / "hnn_spring_trajectories.pt", weights_only=True)) == {"a", "b1", "c"}
+    assert "were not redrawn" not in capsys.readouterr().out
+    # an arm merged from another shooting setting keeps its own label and settings
+    hnn_run.run("spring", arm_keys=["e"], **dict(args, out=tmp_path / "sh"))
+    other = hnn_run.run("spring", arm_keys=["f"], merge=True, shooting=dict(segment=4, gauss_newton=0),
+                        **dict(args, out=tmp_path / "sh"))
+    assert "single shooting" in other["arms"]["e"]["label"] and other["arms"]["e"]["shooting"]["segment"] is None
+    assert other["arms"]["f"]["shooting"]["segment"] == 4
     with pytest.raises(ValueError, match="was run with"):
         hnn_run.run("spring", arm_keys=["c"], merge=True, **dict(args, steps=6))
     with pytest.raises(ValueError, match="was run with"):   # another lr schedule: another budget

@@ -158,6 +158,11 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
         outer = None
     results = {a.key: [] for a in all_arms}
     keep = {}
+    previous = old_keep = None
+    if merge:      # before training: a report of another budget or data is refused at once
+        previous, old_keep = _previous(stem, quick=quick, seeds=n_seeds, steps=n_steps, batch=bs,
+                                        lr_schedule=lr_schedule, data_seed=data_seed,
+                                        weight_decay=cfg["weight_decay"])
     if from_partial:       # a run stopped early: report the seeds it finished, train nothing
         part = json.loads(stem.with_name(stem.name + "_partial.json").read_text())
         if part.get("data_seed", 0) != data_seed:
@@ -206,8 +211,9 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
                 outer.set_postfix(arm=arm.key, energy_mse=f"{metrics['energy_mse']:.2e}")
         # every seed's metrics as they come, so a run stopped early keeps the seeds it finished
         out.mkdir(parents=True, exist_ok=True)
-        if seed == 0:
-            torch.save(keep, _trajectories(stem))
+        if seed == 0:   # (with --merge, beside the earlier arms' rollouts, not over them)
+            torch.save({k: v for k, v in (old_keep or {}).items() if k not in results} | keep,
+                       _trajectories(stem))
         stem.with_name(stem.name + "_partial.json").write_text(json.dumps(
             {"task": task_name, "quick": quick, "data_seed": data_seed, "seeds_done": seed + 1, "steps": n_steps,
              "batch_size": bs, "shooting": shooting, "lr_schedule": lr_schedule,
@@ -217,9 +223,6 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
         outer.close()
     wall = time.perf_counter() - t_start
     if merge:
-        previous, old_keep = _previous(stem, quick=quick, seeds=n_seeds, steps=n_steps, batch=bs,
-                                        lr_schedule=lr_schedule, data_seed=data_seed,
-                                        weight_decay=cfg["weight_decay"])
         for key, arm in previous["arms"].items():
             if key not in results:
                 results[key] = arm["per_seed"]
@@ -230,10 +233,7 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
 
     summary = {}
     for arm in all_arms:
-        rows = results[arm.key]
-        summary[arm.key] = {m: dict(zip(("mean", "se"), _mean_se([r.get(m) for r in rows])))
-                            for m in METRICS}
-        summary[arm.key]["failed_seeds"] = [r["seed"] for r in rows if "failed" in r]
+        summary[arm.key] = _summary(results[arm.key])
     ratios = _ratios(summary, "a")
     ratios_fd = _ratios(summary, "a_fd")
 
@@ -243,9 +243,11 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
         "shooting": shooting, "lr_schedule": lr_schedule,
         "data": task.meta | {"dt": task.dt, "train_trajectories": int(task.q_train.shape[0]),
                              "eval_initial_conditions": int(task.q_eval.shape[0])},
-        "arms": {a.key: {"label": a.label, "model": a.model, "loss": a.loss, "window": a.window,
-                         "evaluation": a.evaluation, "per_seed": results[a.key],
-                         "summary": summary[a.key]} for a in all_arms},
+        "arms": {a.key: (_earlier_arm(previous, a.key, results, summary) or
+                         {"label": a.label, "model": a.model, "loss": a.loss, "window": a.window,
+                          "evaluation": a.evaluation, "shooting": shooting,
+                          "per_seed": results[a.key], "summary": summary[a.key]})
+                 for a in all_arms},
         "ratios_to_a": ratios,
         "ratios_to_a_fd": ratios_fd,
         "paper_energy_mse_derivative_matching": datasets.PAPER_ENERGY_MSE[task_name],
@@ -265,6 +267,27 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
         torch.save(keep, _trajectories(stem))
         plot(task, all_arms, keep, stem)
     return report
+
+
+def _summary(rows):
+    """mean ± s.e. of every metric over the seeds that rolled out, and the failed seeds (a
+    failed seed's ε_H, measured all the same, was averaged in while its energy and state MSE
+    were left out)."""
+    ok = [r for r in rows if "failed" not in r]
+    out = {m: dict(zip(("mean", "se"), _mean_se([r.get(m) for r in ok]))) for m in METRICS}
+    out["failed_seeds"] = [r["seed"] for r in rows if "failed" in r]
+    return out
+
+
+def _earlier_arm(previous, key, results, summary):
+    """A merged report's entry for an arm it took from the earlier report, as that report
+    described it (its label and shooting settings: this run's would relabel an arm trained with
+    others), or None for an arm run now."""
+    if previous is None or key not in previous["arms"] or results[key] is not previous["arms"][key]["per_seed"]:
+        return None
+    entry = dict(previous["arms"][key])
+    entry.setdefault("shooting", previous.get("shooting"))
+    return entry | {"summary": summary[key]}
 
 
 def _trajectories(stem: Path) -> Path:
