@@ -805,7 +805,7 @@ def main(argv=None):
         detail = common.markdown_table(rows, [
             ("batch", "batch"), ("config", "configuration"), ("steps", "steps"),
             ("rounds", "rounds"), ("ns", "ns / step·traj"), ("ratio", f"× {den}"),
-            ("first_call_s", "first call s"), ("max_diff", "max |Δ| final vs first row"),
+            ("first_call_s", "first call s"), ("max_diff", "max |Δ| vs first row, every state"),
             ("requires_grad", "output requires grad")])
         sections += [("Every state kept: ratios to the " + den, numba_note + md),
                      ("Detail", detail)]
@@ -823,7 +823,7 @@ def main(argv=None):
                "kept, no_grad:\n\n" + common.markdown_table(rows, [
                    ("batch", "batch"), ("config", "forces"), ("steps", "steps"),
                    ("us", "µs / step"), ("ratio", "× closed form"),
-                   ("max_diff", "max |Δ| final")]))
+                   ("max_diff", "max |Δ|, every state")]))
         sections.append(("Training step (forward + backward + Adam)", md + "\n\n" + md2))
         print(md + "\n\n" + md2)
     if "odeint" in args.sections:
@@ -850,7 +850,7 @@ def main(argv=None):
                                           ratio=r["seconds"] / res[den]["seconds"],
                                           max_diff=r["max_diff"]) for k, r in res.items()],
                                     [("config", "configuration"), ("ms", "ms"),
-                                     ("ratio", f"× {den}"), ("max_diff", "max |Δ| final")])
+                                     ("ratio", f"× {den}"), ("max_diff", "max |Δ|, every state")])
         sections.append(("Implicit midpoint", numba_note * (den != "numba per-trajectory fixed point") + md))
         print(md)
     if "compute" in args.sections:
