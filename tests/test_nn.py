@@ -642,9 +642,12 @@ def test_fit_lr_schedule_cosine_and_callable_and_resume(tmp_path):
     ck = tmp_path / "cos.pt"
     fit(SeparableHNN(1, **TINY), _noisy_loss, data, steps=3, batch_size=8, progress=False,
         checkpoint=ck, lr_schedule="cosine")
+    fresh = SeparableHNN(1, **TINY)
+    before = [w.clone() for w in fresh.parameters()]
     with pytest.raises(ValueError, match="cosine schedule over 3 steps and this run's is over 8"):
-        fit(SeparableHNN(1, **TINY), _noisy_loss, data, steps=8, batch_size=8, progress=False,
+        fit(fresh, _noisy_loss, data, steps=8, batch_size=8, progress=False,
             checkpoint=ck, resume=True, lr_schedule="cosine")
+    assert all(torch.equal(a, b) for a, b in zip(before, fresh.parameters()))   # refused before loading
     model.load_state_dict(init)
     with pytest.raises(ValueError, match="lr_schedule must be None, 'cosine'"):
         fit(model, _noisy_loss, data, steps=1, progress=False, lr_schedule="linear")

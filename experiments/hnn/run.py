@@ -283,7 +283,8 @@ def _earlier_arm(previous, key, results, summary):
     """A merged report's entry for an arm it took from the earlier report, as that report
     described it (its label and shooting settings: this run's would relabel an arm trained with
     others), or None for an arm run now."""
-    if previous is None or key not in previous["arms"] or results[key] is not previous["arms"][key]["per_seed"]:
+    if (previous is None or key not in previous["arms"]
+            or results[key] is not previous["arms"][key]["per_seed"]):
         return None
     entry = dict(previous["arms"][key])
     entry.setdefault("shooting", previous.get("shooting"))

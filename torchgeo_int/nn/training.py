@@ -411,6 +411,22 @@ def load_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
     return {"step": blob["step"], "history": blob["history"], "extra": blob["extra"]}
 
 
+def _check_schedule(path, lr_schedule, total):
+    """A cosine-scheduled checkpoint resumed over another total is refused (the cosine's factor
+    at a step depends on the total: the lr would jump); read before :func:`load_checkpoint`
+    touches the model (a damaged file is left to it to name)."""
+    if lr_schedule != "cosine":
+        return
+    try:
+        extra = torch.load(path, map_location="cpu", weights_only=True).get("extra", {})
+    except Exception:  # noqa: BLE001 — load_checkpoint says what is wrong with the file
+        return
+    written = extra.get("total") if isinstance(extra, dict) else None
+    if extra.get("lr_schedule") == "cosine" and written is not None and written != total:
+        raise ValueError(f"the checkpoint was written by a cosine schedule over {written} steps "
+                         f"and this run's is over {total}: resume with the same steps= (or epochs=)")
+
+
 def _progress_bar(total, initial, desc, enabled):
     if not enabled:
         return None
@@ -514,14 +530,9 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
         if not source.is_file():
             raise FileNotFoundError(f"no checkpoint at {resume} (fit's resume=)")
     if source is not None:
+        _check_schedule(source, lr_schedule, total)     # before anything is loaded
         state = load_checkpoint(source, model, opt)
         start, losses = state["step"], list(state["history"].get("loss", []))
-        written = state["extra"].get("total")
-        if (lr_schedule == "cosine" and state["extra"].get("lr_schedule") == "cosine"
-                and written is not None and written != total):
-            # the cosine's factor at a step depends on the total: another one jumps the lr
-            raise ValueError(f"the checkpoint was written by a cosine schedule over {written} steps "
-                             f"and this run's is over {total}: resume with the same steps= (or epochs=)")
         if isinstance(batches, _LoaderBatches):
             batches.rng_at_epoch = state["extra"].get("rng_at_epoch")
             # a resume at an epoch's start goes on from the generators' states at the save
