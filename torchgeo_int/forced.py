@@ -92,11 +92,11 @@ def _arity(fn: Callable) -> int:
 
 
 def _timed_call(fn, what: str, t, *args):
-    """fn(*args) (fn(t) without args), where t may be a tensor of per-sample times (variable
-    steps, ``step_control``: each sample at its own time): a function written for a Python
-    float t there fails inside the user's code with an unrelated message, so it is named."""
+    """fn(*args), t among them, where t may be a tensor of per-sample times (variable steps,
+    ``step_control``: each sample at its own time): a function written for a Python float t
+    there fails inside the user's code with an unrelated message, so it is named."""
     try:
-        return fn(*args) if args else fn(t)
+        return fn(*args)
     except (TypeError, ValueError, RuntimeError) as err:
         if isinstance(t, torch.Tensor) and t.dim() > 0:
             raise TypeError(f"{what} failed on per-sample times t of shape {tuple(t.shape)} "
@@ -200,7 +200,7 @@ class ForcedSystem(System):
         u = self.control
         if u is None:
             return None
-        u = _timed_call(u, "the control u(t)", t) if callable(u) else u
+        u = _timed_call(u, "the control u(t)", t, t) if callable(u) else u
         if not isinstance(u, torch.Tensor):
             raise TypeError(f"the control must be a tensor (k,) or (*batch, k), got {type(u).__name__}")
         return u

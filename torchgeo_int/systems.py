@@ -149,8 +149,9 @@ def grad_of(fn: Callable[..., Tensor], inputs: tuple[Tensor, ...],
         # trace, and torch < 2.13 refuses its inputs' requires_grad_.  (The first, eager call
         # of a compiled rollout has run the checks below.)
         return torch.func.grad(lambda *xs: fn(*xs).sum(), argnums=tuple(range(len(inputs))))(*inputs)
-    if torch.is_inference_mode_enabled():   # enable_grad cannot lift it ("does not depend on
-        # its inputs", the message below, misled)
+    # enable_grad cannot lift inference mode: the message below ("does not depend on its
+    # inputs") misled
+    if torch.is_inference_mode_enabled():
         raise RuntimeError(f"{_what(label, user_fn)}'s gradient (the vector field) needs autograd "
                            "and cannot run under torch.inference_mode(); use torch.no_grad()")
     if inputs[0].is_complex() or inputs[-1].is_complex():

@@ -292,11 +292,11 @@ class TrajectoryFit(nn.Module):
 
     @torch.no_grad()
     def _solve(self, index, steps, keep_grad: bool | None = None):
-        """:meth:`solve_states`, and with ``keep_grad`` (single shooting only) the last sweep's
-        rollout of the new states in that grad mode when every node took its step, else None."""
+        """:meth:`solve_states` on checked ids (:meth:`_index`), and with ``keep_grad`` (single
+        shooting only) the last sweep's rollout of the new states in that grad mode when every
+        node took its step, else None."""
         steps = check_int(steps, "steps", 1)
         S = self.n_segments
-        index = self._index(index)
         if keep_grad is not None and S != 1:
             raise ValueError("keep_grad applies to single shooting (one segment a trajectory)")
         best = torch.empty(index.shape[0], dtype=self.q_nodes.dtype, device=index.device)

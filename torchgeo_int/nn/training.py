@@ -358,10 +358,11 @@ def save_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
 
 
 def load_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
-                    map_location="cpu", restore_rng: bool = True) -> dict:
+                    map_location="cpu", restore_rng: bool = True, check=None) -> dict:
     """Load a :func:`save_checkpoint` file into ``model`` (and ``optimizer``) with
     ``weights_only=True``; restores the torch RNG states unless ``restore_rng=False``.
-    Returns ``{"step", "history", "extra"}``.
+    Returns ``{"step", "history", "extra"}``.  ``check(extra)``: called once the file is
+    verified, before anything is loaded (it raises to refuse the checkpoint).
 
     A file that is empty, truncated, not a checkpoint, or whose tensors or metadata do not match
     the checksums written with them (a flipped bit) raises :class:`CheckpointError` (a
@@ -391,6 +392,8 @@ def load_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
         if bad:
             where = ", ".join(k or "metadata" for k in bad[:3]) + (" …" if len(bad) > 3 else "")
             raise _invalid(path, f"checksum mismatch in {where}: the file is damaged")
+    if check is not None:
+        check(blob["extra"])
     if optimizer is not None:
         if blob["optimizer"] is None:
             raise ValueError(f"{path} holds no optimizer state")
@@ -411,20 +414,17 @@ def load_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | N
     return {"step": blob["step"], "history": blob["history"], "extra": blob["extra"]}
 
 
-def _check_schedule(path, lr_schedule, total):
-    """A cosine-scheduled checkpoint resumed over another total is refused (the cosine's factor
-    at a step depends on the total: the lr would jump); read before :func:`load_checkpoint`
-    touches the model (a damaged file is left to it to name)."""
-    if lr_schedule != "cosine":
-        return
-    try:
-        extra = torch.load(path, map_location="cpu", weights_only=True).get("extra", {})
-    except Exception:  # noqa: BLE001 — load_checkpoint says what is wrong with the file
-        return
-    written = extra.get("total") if isinstance(extra, dict) else None
-    if extra.get("lr_schedule") == "cosine" and written is not None and written != total:
-        raise ValueError(f"the checkpoint was written by a cosine schedule over {written} steps "
-                         f"and this run's is over {total}: resume with the same steps= (or epochs=)")
+def _same_schedule(lr_schedule, total):
+    """A :func:`load_checkpoint` check: a cosine-scheduled checkpoint resumed over another total
+    is refused (the cosine's factor at a step depends on the total: the lr would jump)."""
+    def check(extra):
+        written = extra.get("total")
+        if (lr_schedule == "cosine" and extra.get("lr_schedule") == "cosine"
+                and written is not None and written != total):
+            raise ValueError(f"the checkpoint was written by a cosine schedule over {written} "
+                             f"steps and this run's is over {total}: resume with the same steps= "
+                             "(or epochs=)")
+    return check
 
 
 def _progress_bar(total, initial, desc, enabled):
@@ -530,8 +530,7 @@ def fit(model: nn.Module, loss_fn: Callable[..., Tensor], data, *, steps: int | 
         if not source.is_file():
             raise FileNotFoundError(f"no checkpoint at {resume} (fit's resume=)")
     if source is not None:
-        _check_schedule(source, lr_schedule, total)     # before anything is loaded
-        state = load_checkpoint(source, model, opt)
+        state = load_checkpoint(source, model, opt, check=_same_schedule(lr_schedule, total))
         start, losses = state["step"], list(state["history"].get("loss", []))
         if isinstance(batches, _LoaderBatches):
             batches.rng_at_epoch = state["extra"].get("rng_at_epoch")
