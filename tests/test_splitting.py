@@ -566,6 +566,22 @@ def test_composition_tables_are_certified_and_false_orders_refused():
         tgi.Composition(tgi.METHODS["verlet"], [float("nan"), 0.5, 0.5])
 
 
+def test_a_composition_declared_above_its_certified_order_is_refused():
+    v, mid = tgi.METHODS["verlet"], tgi.METHODS["implicit_midpoint"]
+    with pytest.raises(ValueError, match="declared order 8, .* up to order 2 only"):
+        tgi.Composition(v, [1 / 3] * 3, order=8)               # was accepted as order 8
+    with pytest.raises(ValueError, match="declared order 8, .* up to order 4 only"):
+        tgi.Composition(mid, tgi.TABLES["yoshida4"].gammas, order=8)
+    with pytest.raises(ValueError, match="declared order 4, .* up to order 1 only"):
+        tgi.Composition([tgi.METHODS["symplectic_euler"], mid], [0.5, 0.5], order=4)
+    with pytest.raises(ValueError, match="order must be an int"):
+        tgi.Composition(v, [0.5, 0.5], order=2.5)
+    # what the order conditions certify is accepted, on the kick/drift sequence or the fractions
+    assert tgi.Composition(v, tgi.TABLES["yoshida8"].gammas, order=8).order == 8
+    assert tgi.Composition(mid, tgi.TABLES["yoshida6"].gammas, order=6).order == 6
+    assert tgi.Composition(v, [1 / 3] * 3, order=1).order == 1     # a lower bound is kept
+
+
 def test_order_ten_compositions_of_a_symmetric_base_read_ten():
     # the float64 measurement reads 9.x: a symmetric method's odd reading is rounded up
     g = S.SPLITTING_METHODS["sofspa10"].drifts

@@ -9,6 +9,7 @@ next (FSAL) and an s-stage Verlet composition costs s force evaluations per step
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from dataclasses import dataclass
@@ -145,17 +146,43 @@ class Composition(Integrator):
         self.symplectic = all(m.symplectic for m in methods)
         self.first_order = all(m.first_order for m in methods)
         self.symmetric = self._is_symmetric()
-        if order is None:
-            order = composed_order([m.order for m in methods], self.symmetric,
-                                   all(m.symmetric for m in methods), gammas)
-        self.order = order
         self.name = name or f"composition({', '.join(m.name for m in methods)})"
         self._split = self._merged_splitting()
+        guaranteed = composed_order([m.order for m in methods], self.symmetric,
+                                    all(m.symmetric for m in methods), gammas)
+        if order is None:
+            order = guaranteed
+        else:
+            if isinstance(order, bool) or not isinstance(order, numbers.Integral) or order < 1:
+                raise ValueError(f"{self.name}: order must be an int >= 1, got {order!r}")
+            order = int(order)
+            if order > guaranteed and _CERTIFY:
+                got = self._certified_order(guaranteed)
+                if got < order:
+                    raise ValueError(
+                        f"{self.name}: declared order {order}, but its stages and step fractions "
+                        f"meet the order conditions up to order {got} only (certified on the "
+                        f"merged kick/drift sequence, or for one symmetric order-2 method on its "
+                        f"fractions; other stages: what Σγ = 1 and Σγ³ = 0 guarantee)")
+        self.order = order
         # the stages' check of an initial state (T*N of a constrained step, a group element of a
         # Lie-group step): the first stage takes the rollout's q0, p0, the others its outputs
         checks = [m.check_state for m, _ in self._stages if m.check_state is not None]
         if checks:
             self.check_state = checks[0]
+
+    def _certified_order(self, guaranteed: int) -> int:
+        """The order the order conditions certify: of the merged kick/drift sequence for general
+        split fields (:func:`splitting.lie_order`); for one symmetric order-2 method without one
+        (implicit midpoint, …), of its step fractions, whose order conditions are the same for
+        every symmetric order-2 method (HLW Sect. V.3.2), certified on Verlet's; else
+        ``guaranteed``."""
+        if self._split is not None:
+            return max(guaranteed, _generic_order(tuple(self._split[0]), tuple(self._split[1])))
+        first = self._stages[0][0]
+        if first.symmetric and first.order == 2 and all(m.same_as(first) for m, _ in self._stages):
+            return max(guaranteed, _fractions_order(tuple(c for _, c in self._stages)))
+        return guaranteed
 
     def _is_symmetric(self) -> bool:
         s = len(self._stages)
@@ -201,6 +228,18 @@ class Composition(Integrator):
             q, p, cache = m.step(system, q, p, t, c * h, cache)
             t = t + c * h
         return q, p, cache
+
+
+@functools.lru_cache(maxsize=256)
+def _generic_order(kicks: tuple, drifts: tuple) -> int:
+    from .splitting import Splitting      # (splitting imports this module)
+    return Splitting(kicks, drifts).generic_order
+
+
+@functools.lru_cache(maxsize=256)
+def _fractions_order(gammas: tuple) -> int:
+    from .splitting import Splitting
+    return Splitting.composition(gammas).generic_order
 
 
 _CERTIFY = True   # tables made from here on (a user's) are certified at construction
