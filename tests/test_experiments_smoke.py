@@ -388,11 +388,14 @@ def test_hnn_study_shooting_arms_tiny(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(hnn_data.TASKS, "twobody_noisy", small(hnn_data.twobody_noisy))
     monkeypatch.setattr(hnn_train, "EVAL_RTOL", 1e-5)
     args = dict(quick=True, seeds=1, steps=2, batch_size=8, out=tmp_path, progress=False)
-    keys = ["a", "b5", "e", "e4", "f", "f_v"]
-    rep = hnn_run.run("spring", arm_keys=keys, shooting=dict(segment=4, continuity=0.5), **args)
+    keys = ["a", "b5", "e", "e4", "g", "f", "f_v"]
+    rep = hnn_run.run("spring", arm_keys=keys, shooting=dict(segment=4, continuity=0.5, derivative_weight=0.5),
+                      **args)
     arms = rep["arms"]
     assert set(arms) == set(keys)
     assert rep["shooting"]["segment"] == 4 and rep["shooting"]["continuity"] == 0.5
+    assert rep["shooting"]["derivative_weight"] == 0.5 and "derivative matching" in arms["g"]["label"]
+    assert arms["g"]["per_seed"][0]["final_loss"] != arms["e"]["per_seed"][0]["final_loss"]   # (g) sees the derivatives
     e, f = arms["e"]["per_seed"][0], arms["f"]["per_seed"][0]
     assert e["train_seconds"] == f["train_seconds"] == arms["f_v"]["per_seed"][0]["train_seconds"]
     assert e["eps_H"] != f["eps_H"]                 # (f) is evaluated on the corrected H

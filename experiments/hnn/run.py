@@ -313,7 +313,7 @@ def _previous(stem: Path, **expected):
 
 
 #: The arms whose order --quick must reproduce (the new ones and their references).
-RANKED = ("a", "a_fd", "b5", "e", "e4", "f", "f_v")
+RANKED = ("a", "a_fd", "b5", "e", "e4", "g", "f", "f_v")
 
 
 def ranking(rep: dict, metric: str = "energy_mse", keys=RANKED) -> list[str]:
@@ -491,7 +491,7 @@ def main(argv=None):
     ap.add_argument("--seeds", type=_arg("int", 1), help="number of seeds (default 5, --quick 2)")
     ap.add_argument("--steps", type=_arg("int", 1), help="gradient steps per arm")
     ap.add_argument("--batch-size", type=_arg("int", 1), help="samples (points or windows) per step")
-    ap.add_argument("--arms", help="comma-separated subset of a,a_fd,a_s,b1,b5,b10,c,c_ode,d,e,e4,f,f_v")
+    ap.add_argument("--arms", help="comma-separated subset of a,a_fd,a_s,b1,b5,b10,c,c_ode,d,e,e4,g,f,f_v")
     ap.add_argument("--segment", type=_arg("int", 0), help="shooting segment length of (e)/(e′)/(f) (0: single shooting)")
     ap.add_argument("--continuity", type=_arg("real", 0.0), help="continuity weight of the shooting arms")
     ap.add_argument("--state-lr", type=_arg("real", 0.0, lo_open=True), help="learning rate of the shooting-node states")
@@ -499,6 +499,8 @@ def main(argv=None):
                     "step (0: states learned with --state-lr)")
     ap.add_argument("--solve-every", type=_arg("int", 1), help="solve the node states at every k-th training "
                     "step only (TrajectoryFit's solve_every; with --gauss-newton)")
+    ap.add_argument("--derivative-weight", type=_arg("real", 0.0),
+                    help="weight of (g)'s derivative matching at the estimated states (default 1)")
     ap.add_argument("--method2", help="training/evaluation method of (e′) (default yoshida4)")
     ap.add_argument("--substeps2", type=_arg("int", 1), help="substeps per data interval of (e′)")
     ap.add_argument("--b-model", choices=["auto", "hnn"], default="auto",
@@ -540,7 +542,8 @@ def main(argv=None):
                                       state_lr=args.state_lr, method2=args.method2,
                                       substeps2=args.substeps2,
                                       gauss_newton=args.gauss_newton,
-                                      solve_every=args.solve_every).items() if v is not None}
+                                      solve_every=args.solve_every,
+                                      derivative_weight=args.derivative_weight).items() if v is not None}
     if shooting.get("segment") == 0:
         shooting["segment"] = None
     rep = run(args.task, quick=args.quick, seeds=args.seeds, steps=args.steps, batch_size=args.batch_size,

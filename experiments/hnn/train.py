@@ -23,6 +23,10 @@ r"""The arms of the HNN study: what is trained, on what, and how it is rolled ou
                in ``run.SHOOTING``.
 (e′)  ``e4``   the same through ``shooting["method2"]`` (yoshida4 at h = dt by default), rolled
                out by that method at the same step.
+(g)   ``g``    (e) with the derivative targets of (a) as well (TrajectoryFit's ``derivatives``):
+               derivative matching at the fit's estimated states instead of at the noisy
+               observations, the states solved from the observed states *and* derivatives; the
+               same data as (a), the same training and evaluation as (e).
 (f)   ``f``, ``f_v``   (e)'s model (the same training, reused) corrected for Verlet's modified
                Hamiltonian (:class:`torchgeo_int.nn.CorrectedHamiltonian`, H_θ + h² H₂[H_θ]),
                rolled out by dopri5 (rtol 1e-9) and by Verlet at h = dt.
@@ -68,6 +72,7 @@ class Arm:
     correction: bool = False    # evaluate the modified-Hamiltonian correction of the model
     reuse: str = ""             # key of the arm whose trained model (same seed) this one reuses
     substeps: int = 1           # integrator steps per data interval, training and evaluation
+    derivatives: bool = False   # shooting arms: also match the derivative targets at the fit's states
 
 
 def arms(task: Task, *, b_model: str = "auto", node_window: int = 5, windows=(1, 5, 10),
@@ -102,6 +107,8 @@ def arms(task: Task, *, b_model: str = "auto", node_window: int = 5, windows=(1,
     out.append(Arm("e4", f"(e′) {b_cls}, {states}, {grid}, {m2}"
                          f"{f' × {sub2} substeps' if sub2 > 1 else ''}", b_cls, "shooting", seg or 0, m2,
                    f"{m2}, h = dt{f'/{sub2}' if sub2 > 1 else ''}", substeps=sub2))
+    out.append(Arm("g", f"(g) (e) + derivative matching at its estimated states", b_cls, "shooting",
+                   seg or 0, b_method, f"{b_method}, h = dt", derivatives=True))
     out.append(Arm("f", f"(f) (e) + modified-H correction, rolled out by dopri5", b_cls, "shooting",
                    seg or 0, "dopri5", "dopri5 (rtol 1e-9) on the corrected field",
                    train_method=b_method, correction=True, reuse="e"))
@@ -113,7 +120,7 @@ def arms(task: Task, *, b_model: str = "auto", node_window: int = 5, windows=(1,
 
 #: Defaults of the shooting arms (e), (e′), (f); run.CONFIG sets them per task.
 SHOOTING = dict(segment=None, continuity=1.0, state_lr=1e-3, method2="yoshida4", substeps2=1,
-                gauss_newton=0, solve_every=1, batch_factor=1)
+                gauss_newton=0, solve_every=1, batch_factor=1, derivative_weight=1.0)
 
 
 def state_lr(sh: dict):
@@ -159,10 +166,13 @@ def shooting_fit(arm: Arm, model, task: Task, *, shooting: dict | None = None) -
     """The TrajectoryFit of arm (e) / (e′) on the training trajectories."""
     sh = dict(SHOOTING, **(shooting or {}))
     q, p, seg = task.q_train, task.p_train, sh["segment"]
+    dq, dp = task.dq_train, task.dp_train
     if seg is not None:      # the grid must divide the data: drop the few last states if it does not
         keep = 1 + (q.shape[1] - 1) // seg * seg
-        q, p = q[:, :keep], p[:, :keep]
+        q, p, dq, dp = (x[:, :keep] for x in (q, p, dq, dp))
     return TrajectoryFit(model, q, p, dt=task.dt, segment=seg,
+                         derivatives=(dq, dp) if arm.derivatives else None,
+                         derivative_weight=sh["derivative_weight"],
                          method=arm.train_method or arm.method, substeps=arm.substeps,
                          continuity=sh["continuity"], gauss_newton=sh["gauss_newton"],
                          solve_every=sh["solve_every"] if sh["gauss_newton"] else 1)

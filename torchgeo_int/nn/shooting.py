@@ -19,6 +19,20 @@ while the penalty ties the segments into one trajectory.  The estimated node sta
 by-product; a held-out trajectory needs none of them — roll ``fit.model`` out from its first
 state as for any other model.
 
+**Observed derivatives** (``derivatives=(dq, dp)``, the time derivatives at the observation
+times, e.g. the true field at the clean states as in the HNN paper's data): the loss adds
+
+      w_d · (1 / (2n)) mean_{b,s,j} |X_{H_θ}(sg[Φ^{(j)}(z_{b,s})]) − ẋ_{b, s·segment + j}|²,
+
+derivative matching (Greydanus et al. 2019) at the fit's *estimates* of the states (sg: no
+gradient to them; they are inputs, as data are) instead of at the noisy observations.  Derivative
+matching at noisy inputs is an errors-in-variables regression: its fit is biased by the noise
+at its inputs (a harmonic oscillator's coefficients shrink by var(x) / (var(x) + σ²)), a bias
+the shooting fit's state estimates, closer to the clean states, reduce.  Solved states
+(``gauss_newton``) minimise the whole loss, the derivative residuals included, so that the
+states and the derivatives they are matched with agree; learned states get the gradient of the
+data and continuity terms only.
+
 The loss is taken per *segment*, so :func:`~torchgeo_int.nn.fit` can batch segments:
 ``fit(tf, TrajectoryFit.loss, tf.segments, ...)``; a segment's continuity term reaches the next
 node's state whether or not that segment is in the batch.  Weight decay must not pull the
@@ -85,7 +99,9 @@ class TrajectoryFit(nn.Module):
     its Jacobian for some steps.  Where the solve dominates a step (one-step segments: a sweep
     rolls out 2n + 3 times the batch) this divides the training time by up to k.  The visit
     counts are the buffer ``visits`` (saved with the module, so a resumed fit solves where the
-    uninterrupted one would).  ``layout``: as the losses' (:func:`~torchgeo_int.nn.losses.check_layout`):
+    uninterrupted one would).  ``derivatives``: ``(dq, dp)`` of the data's shape, the observed
+    time derivatives, matched at the fit's states with the weight ``derivative_weight`` (see the
+    module docstring).  ``layout``: as the losses' (:func:`~torchgeo_int.nn.losses.check_layout`):
     ``None`` refuses data that look time-first, ``"time_first"`` takes ``(T, B, n)`` as
     :func:`~torchgeo_int.rollout` returns it, ``"windows"`` skips the check.
 
@@ -96,7 +112,9 @@ class TrajectoryFit(nn.Module):
     def __init__(self, model, q: Tensor, p: Tensor, *, dt: float, segment: int | None = None,
                  method="verlet", substeps: int = 1, continuity: float = 1.0,
                  q0: Tensor | None = None, p0: Tensor | None = None, gauss_newton: int = 0,
-                 solve_every: int = 1, layout: str | None = None, **rollout_options):
+                 solve_every: int = 1, layout: str | None = None,
+                 derivatives: tuple[Tensor, Tensor] | None = None, derivative_weight: float = 1.0,
+                 **rollout_options):
         super().__init__()
         system = as_system(model)
         if getattr(system, "time_dependent", False):
@@ -147,6 +165,19 @@ class TrajectoryFit(nn.Module):
 
         self.register_buffer("q_obs", cut(q), persistent=False)
         self.register_buffer("p_obs", cut(p), persistent=False)
+        self.derivative_weight = _positive(derivative_weight, "derivative_weight", allow_zero=True)
+        if derivatives is not None:
+            if not isinstance(derivatives, (tuple, list)) or len(derivatives) != 2:
+                raise TypeError("derivatives must be a pair (dq, dp) of the data's shape (B, T, n)")
+            dq, dp = derivatives
+            if layout == "time_first":
+                dq, dp = check_layout(dq, dp, layout, "TrajectoryFit")
+            check_data(q, p, dq, dp, names=("q", "p", "dq", "dp"), ndim=3)
+            dq, dp = cut(dq), cut(dp)
+        else:
+            dq = dp = None
+        self.register_buffer("dq_obs", dq, persistent=False)
+        self.register_buffer("dp_obs", dp, persistent=False)
         given = (q0 is not None, p0 is not None)
         if any(given) and not all(given):
             raise ValueError("give both q0 and p0 (initial node states), or neither")
@@ -244,6 +275,14 @@ class TrajectoryFit(nn.Module):
                 dq = qs[-1][inner] - qn[nxt]
                 dp = ps[-1][inner] - pn[nxt]
                 loss = loss + self.continuity * 0.5 * ((dq * dq).mean() + (dp * dp).mean())
+        if self._matches_derivatives():
+            # derivative matching at the fit's estimates of the states, not at the noisy
+            # observations: the inputs carry the estimate's error instead of the noise
+            # (errors in variables), and no graph to the states (they are inputs, as data are)
+            fq, fp = self.model.vector_field(qs.detach().reshape(-1, n), ps.detach().reshape(-1, n), 0.0)
+            eq = fq - self.dq_obs[index].transpose(0, 1).reshape(-1, n)
+            ep = fp - self.dp_obs[index].transpose(0, 1).reshape(-1, n)
+            loss = loss + self.derivative_weight * 0.5 * ((eq * eq).mean() + (ep * ep).mean())
         return loss
 
     def _roll(self, q: Tensor, p: Tensor):
@@ -263,11 +302,12 @@ class TrajectoryFit(nn.Module):
         Node z = z_{b,s} minimises its part of the full loss (the data of its segment and the
         continuity terms that contain it, with the weights of the full-batch loss),
 
-            ℓ(z) = 1/(segment+1) Σ_j |Φ^{(j)}(z) − x_j|²
+            ℓ(z) = 1/(segment+1) Σ_j (|Φ^{(j)}(z) − x_j|² + w_d |X_{H_θ}(Φ^{(j)}(z)) − ẋ_j|²)
                    + w′ (|Φ^{(segment)}(z) − z_{s+1}|² + |Φ^{(segment)}(z_{s−1}) − z|²),
             w′ = w · S / (S − 1),
 
-        with its neighbours fixed at their current values.  A sweep updates the even nodes s,
+        with its neighbours fixed at their current values (the w_d term only with observed
+        ``derivatives``: the states are estimated from everything observed).  A sweep updates the even nodes s,
         then the odd ones (red–black block Gauss–Seidel: each half sees its neighbours' new
         states, about twice Jacobi's rate on this chain).  The Jacobians ∂Φ^{(j)}/∂z come from
         one graph-free rollout of the 2n + 1 states z and z + ε e_k (forward differences,
@@ -312,7 +352,8 @@ class TrajectoryFit(nn.Module):
     def _objective(self, index: Tensor):
         """The parts of ℓ (:meth:`solve_states`) for the nodes ``index``, their neighbours as they
         are now: (nodes (total, 2n), obs (seg+1, N, 2n), a, w′, has_prev, has_next, the previous
-        segments' ends, the next nodes, objective(F, z) -> ℓ per node from its rollout F)."""
+        segments' ends, the next nodes, the observed derivatives (seg+1, N, 2n) or None,
+        objective(F, z) -> ℓ per node from its rollout F)."""
         total, S, m = self.trajectories * self.n_segments, self.n_segments, 2 * self.dim
         nodes = torch.cat([self.q_nodes, self.p_nodes], -1).reshape(total, m)
         obs = torch.cat([self.q_obs[index], self.p_obs[index]], -1).transpose(0, 1)   # (seg+1, N, m)
@@ -324,16 +365,29 @@ class TrajectoryFit(nn.Module):
         # the previous segments' ends Φ^{(segment)}(z_{s−1}) do not depend on z: one rollout
         prev_end = self._roll_states(nodes[index[has_prev] - 1])[-1] if bool(has_prev.any()) else None
         nxt = nodes[index[has_next] + 1]
+        dobs = (torch.cat([self.dq_obs[index], self.dp_obs[index]], -1).transpose(0, 1)
+                if self._matches_derivatives() else None)
 
         def objective(F, z):                               # ℓ per node from its rollout F
             val = a * ((F - obs) ** 2).sum((0, 2))
+            if dobs is not None:
+                val = val + a * self.derivative_weight * ((self._field(F) - dobs) ** 2).sum((0, 2))
             if prev_end is not None:
                 val[has_prev] += w * ((prev_end - z[has_prev]) ** 2).sum(-1)
             if nxt.shape[0]:
                 val[has_next] += w * ((F[-1][has_next] - nxt) ** 2).sum(-1)
             return val
 
-        return nodes, obs, a, w, has_prev, has_next, prev_end, nxt, objective
+        return nodes, obs, a, w, has_prev, has_next, prev_end, nxt, dobs, objective
+
+    def _matches_derivatives(self) -> bool:
+        return self.dq_obs is not None and self.derivative_weight > 0
+
+    def _field(self, X: Tensor) -> Tensor:
+        """X_{H_θ} at states X = (q, p) of shape (..., 2n), as one tensor of that shape."""
+        n = self.dim
+        fq, fp = self.model.vector_field(X[..., :n].reshape(-1, n), X[..., n:].reshape(-1, n), 0.0)
+        return torch.cat([fq, fp], -1).reshape(X.shape)
 
     def _gauss_newton_step(self, index: Tensor, keep_grad: bool | None = None):
         """One monotone Gauss–Newton step on the nodes ``index`` (neighbours fixed), written into
@@ -342,7 +396,7 @@ class TrajectoryFit(nn.Module):
         took the step (None otherwise)."""
         total, n, seg = self.trajectories * self.n_segments, self.dim, self.segment
         m = 2 * n
-        nodes, obs, a, w, has_prev, has_next, prev_end, nxt, objective = self._objective(index)
+        nodes, obs, a, w, has_prev, has_next, prev_end, nxt, dobs, objective = self._objective(index)
         eye = torch.eye(m, dtype=nodes.dtype, device=nodes.device)
         z = nodes[index]
         N = z.shape[0]
@@ -354,6 +408,11 @@ class TrajectoryFit(nn.Module):
         J = ((X[:, :, 1:] - F.unsqueeze(2)) / eps[:, :, None]).transpose(-1, -2)   # (seg+1, N, out, in)
         A = a * torch.einsum("jnoi,jnok->nik", J, J)
         g = a * torch.einsum("jnoi,jno->ni", J, F - obs)
+        if dobs is not None:         # the derivative residuals X_H(Φ^{(j)}(z)) − ẋ_j, the same differences
+            D = self._field(X)
+            Jd = ((D[:, :, 1:] - D[:, :, :1]) / eps[:, :, None]).transpose(-1, -2)
+            A += a * self.derivative_weight * torch.einsum("jnoi,jnok->nik", Jd, Jd)
+            g += a * self.derivative_weight * torch.einsum("jnoi,jno->ni", Jd, D[:, :, 0] - dobs)
         if nxt.shape[0]:
             Jn = J[-1][has_next]
             A[has_next] += w * Jn.transpose(-1, -2) @ Jn
