@@ -201,6 +201,8 @@ def test_trajectory_fit_errors():
         TrajectoryFit(H, q, p, dt=0.1, derivatives=(q[:, 1:], p[:, 1:]))
     with pytest.raises(ValueError, match="derivative_weight"):
         TrajectoryFit(H, q, p, dt=0.1, derivatives=(q, p), derivative_weight=-1.0)
+    with pytest.raises(ValueError, match="derivative_weight = 2.0 applies to observed derivatives"):
+        TrajectoryFit(H, q, p, dt=0.1, derivative_weight=2.0)
 
 
 def _vf(H, q, p):

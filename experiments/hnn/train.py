@@ -107,7 +107,7 @@ def arms(task: Task, *, b_model: str = "auto", node_window: int = 5, windows=(1,
     out.append(Arm("e4", f"(e′) {b_cls}, {states}, {grid}, {m2}"
                          f"{f' × {sub2} substeps' if sub2 > 1 else ''}", b_cls, "shooting", seg or 0, m2,
                    f"{m2}, h = dt{f'/{sub2}' if sub2 > 1 else ''}", substeps=sub2))
-    out.append(Arm("g", f"(g) (e) + derivative matching at its estimated states", b_cls, "shooting",
+    out.append(Arm("g", "(g) (e) + derivative matching at its estimated states", b_cls, "shooting",
                    seg or 0, b_method, f"{b_method}, h = dt", derivatives=True))
     out.append(Arm("f", f"(f) (e) + modified-H correction, rolled out by dopri5", b_cls, "shooting",
                    seg or 0, "dopri5", "dopri5 (rtol 1e-9) on the corrected field",
@@ -118,7 +118,7 @@ def arms(task: Task, *, b_model: str = "auto", node_window: int = 5, windows=(1,
     return out
 
 
-#: Defaults of the shooting arms (e), (e′), (f); run.CONFIG sets them per task.
+#: Defaults of the shooting arms (e), (e′), (f), (g); run.SHOOTING sets them per task.
 SHOOTING = dict(segment=None, continuity=1.0, state_lr=1e-3, method2="yoshida4", substeps2=1,
                 gauss_newton=0, solve_every=1, batch_factor=1, derivative_weight=1.0)
 
@@ -172,7 +172,7 @@ def shooting_fit(arm: Arm, model, task: Task, *, shooting: dict | None = None) -
         q, p, dq, dp = (x[:, :keep] for x in (q, p, dq, dp))
     return TrajectoryFit(model, q, p, dt=task.dt, segment=seg,
                          derivatives=(dq, dp) if arm.derivatives else None,
-                         derivative_weight=sh["derivative_weight"],
+                         derivative_weight=sh["derivative_weight"] if arm.derivatives else 1.0,
                          method=arm.train_method or arm.method, substeps=arm.substeps,
                          continuity=sh["continuity"], gauss_newton=sh["gauss_newton"],
                          solve_every=sh["solve_every"] if sh["gauss_newton"] else 1)

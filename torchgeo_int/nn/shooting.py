@@ -174,6 +174,9 @@ class TrajectoryFit(nn.Module):
                 dq, dp = check_layout(dq, dp, layout, "TrajectoryFit")
             check_data(q, p, dq, dp, names=("q", "p", "dq", "dp"), ndim=3)
             dq, dp = cut(dq), cut(dp)
+        elif derivative_weight != 1.0:
+            raise ValueError(f"derivative_weight = {derivative_weight} applies to observed derivatives: "
+                             f"pass derivatives=(dq, dp) with it")
         else:
             dq = dp = None
         self.register_buffer("dq_obs", dq, persistent=False)
