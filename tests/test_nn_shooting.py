@@ -199,6 +199,9 @@ def test_trajectory_fit_errors():
         TrajectoryFit(H, q, p, dt=0.1, derivatives=q)
     with pytest.raises(ValueError, match="q and dq must have the same shape"):
         TrajectoryFit(H, q, p, dt=0.1, derivatives=(q[:, 1:], p[:, 1:]))
+    with pytest.raises(ValueError, match=r"derivatives must have the states' layout, \(B, T, n\) = \(3, 13, 1\); "
+                                         r"got \(13, 3, 1\), time-first: transpose"):
+        TrajectoryFit(H, q, p, dt=0.1, derivatives=(q.transpose(0, 1), p.transpose(0, 1)))
     with pytest.raises(ValueError, match="derivative_weight"):
         TrajectoryFit(H, q, p, dt=0.1, derivatives=(q, p), derivative_weight=-1.0)
     with pytest.raises(ValueError, match="derivative_weight = 2.0 applies to observed derivatives"):

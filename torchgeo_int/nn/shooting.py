@@ -172,6 +172,10 @@ class TrajectoryFit(nn.Module):
             dq, dp = derivatives
             if layout == "time_first":
                 dq, dp = check_layout(dq, dp, layout, "TrajectoryFit")
+            swapped = (q.shape[1], q.shape[0], q.shape[2])
+            if swapped != q.shape and any(isinstance(x, Tensor) and x.shape == swapped for x in (dq, dp)):
+                raise ValueError(f"derivatives must have the states' layout, (B, T, n) = {tuple(q.shape)}; "
+                                 f"got {swapped}, time-first: transpose(0, 1) them")
             check_data(q, p, dq, dp, names=("q", "p", "dq", "dp"), ndim=3)
             dq, dp = cut(dq), cut(dp)
         elif derivative_weight != 1.0:
