@@ -128,14 +128,17 @@ class RigidBody(LieGroupSystem):
 
     rigid = True
 
-    def __init__(self, inertia, potential=None, *, potential_grad=None, group="SO3",
-                 _name="inertia"):   # _name: SpringTop stores its 3 moments as "moments"
+    #: the attribute the given inertia is registered as, and its size (None: the group's dim);
+    #: a subclass that assembles ``inertia`` from it (SpringTop) names another
+    inertia_attr, inertia_dim = "inertia", None
+
+    def __init__(self, inertia, potential=None, *, potential_grad=None, group="SO3"):
         super().__init__(group)
-        I = _as_inertia(inertia, self.group.dim if _name == "inertia" else 3)
+        I = _as_inertia(inertia, self.inertia_dim or self.group.dim)
         if isinstance(I, torch.nn.Parameter):
-            setattr(self, _name, I)
+            setattr(self, self.inertia_attr, I)
         else:   # a buffer, so system.to(device) moves it (not saved: it is the constructor's)
-            self.register_buffer(_name, I, persistent=False)
+            self.register_buffer(self.inertia_attr, I, persistent=False)
         self.potential, self.potential_grad = potential, potential_grad
         self.time_dependent = potential is not None and takes_time(potential, 1)
 
@@ -229,6 +232,8 @@ class SpringTop(RigidBody):
     vertical through the origin are a symmetry: e₃·(x × p + RΠ) is conserved (and H).
     """
 
+    inertia_attr, inertia_dim = "moments", 3      # the 3 moments given; ``inertia`` assembles the 6
+
     def __init__(self, inertia, *, mass: float = 1.0, gravity: float = 1.0, stiffness: float = 10.0,
                  attach=(0.0, 0.0, 0.5)):
         I = _as_inertia(inertia, 3)
@@ -239,8 +244,7 @@ class SpringTop(RigidBody):
         a = torch.as_tensor(attach, dtype=torch.get_default_dtype())
         # the moments are registered as given (a Parameter stays one: fitted, it moves the body);
         # 𝕀 = diag(moments, m, m, m) is assembled at use, not once here
-        super().__init__(I, self._potential, potential_grad=self._potential_grad, group="SO3xR3",
-                         _name="moments")
+        super().__init__(I, self._potential, potential_grad=self._potential_grad, group="SO3xR3")
         self.register_buffer("attach", a, persistent=False)
 
     @property
