@@ -208,6 +208,25 @@ def test_trajectory_fit_errors():
         TrajectoryFit(H, q, p, dt=0.1, derivative_weight=2.0)
 
 
+def _cut(x, seg):
+    """Data (B, T, 1) as the fit's segments, (seg + 1, B·S, 1): what its rollouts are compared with."""
+    return x.unfold(1, seg + 1, seg).permute(0, 1, 3, 2).reshape(-1, seg + 1, 1).transpose(0, 1)
+
+
+def _minimise_states(fit_module, objective, *, max_iter):
+    """L-BFGS on the fit's node states for ``objective()`` (the reference minimiser)."""
+    opt = torch.optim.LBFGS([fit_module.q_nodes, fit_module.p_nodes], max_iter=max_iter,
+                            tolerance_grad=1e-14, tolerance_change=1e-16, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = objective()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+
+
 def _vf(H, q, p):
     dq, dp = H.vector_field(q, p, 0.0)
     return dq.detach(), dp.detach()
@@ -226,8 +245,7 @@ def test_derivatives_are_matched_at_the_fits_states_not_at_the_observations(segm
     tf = TrajectoryFit(model, q, p, dt=0.1, segment=segment, derivatives=(dq, dp), derivative_weight=3.0)
     qs, ps = plain._roll(plain.q_nodes.reshape(-1, 1), plain.p_nodes.reshape(-1, 1))   # (seg+1, N, 1)
     seg = plain.segment
-    cut = lambda x: x.unfold(1, seg + 1, seg).permute(0, 1, 3, 2).reshape(-1, seg + 1, 1).transpose(0, 1)  # noqa: E731
-    want = plain() + 3.0 * derivative_loss(model, qs.detach(), ps.detach(), cut(dq), cut(dp))
+    want = plain() + 3.0 * derivative_loss(model, qs.detach(), ps.detach(), _cut(dq, seg), _cut(dp, seg))
     got = tf()
     assert float(got) == pytest.approx(float(want), rel=1e-12)
     got.backward()
@@ -343,16 +361,7 @@ def test_gauss_newton_states_reach_the_minimiser_of_the_loss(segment):
     solved = TrajectoryFit(H, qn, pn, dt=0.1, segment=segment, gauss_newton=2).eval()
     best = solved.solve_states(steps=40 if segment else 6)
     ref = TrajectoryFit(H, qn, pn, dt=0.1, segment=segment)
-    opt = torch.optim.LBFGS([ref.q_nodes, ref.p_nodes], max_iter=400, tolerance_grad=1e-14,
-                            tolerance_change=1e-16, line_search_fn="strong_wolfe")
-
-    def closure():
-        opt.zero_grad()
-        loss = ref()
-        loss.backward()
-        return loss
-
-    opt.step(closure)
+    _minimise_states(ref, ref, max_iter=400)
     assert float(solved()) == pytest.approx(float(ref().detach()), rel=1e-7)
     torch.testing.assert_close(solved.q_nodes, ref.q_nodes.detach(), atol=1e-5, rtol=0)
     torch.testing.assert_close(solved.p_nodes, ref.p_nodes.detach(), atol=1e-5, rtol=0)
@@ -374,22 +383,13 @@ def test_gauss_newton_with_derivatives_minimises_the_whole_loss_over_the_states(
     best = solved.solve_states(steps=40 if segment else 8)
     ref = TrajectoryFit(H, qn, pn, dt=0.1, segment=segment)
     seg = ref.segment
-    cut = lambda x: x.unfold(1, seg + 1, seg).permute(0, 1, 3, 2).reshape(-1, seg + 1, 1).transpose(0, 1)  # noqa: E731
-    opt = torch.optim.LBFGS([ref.q_nodes, ref.p_nodes], max_iter=500, tolerance_grad=1e-14,
-                            tolerance_change=1e-16, line_search_fn="strong_wolfe")
 
     def objective():
         qs, ps = ref._roll(ref.q_nodes.reshape(-1, 1), ref.p_nodes.reshape(-1, 1))
         fq, fp = H.vector_field(qs, ps)
-        return ref() + w * 0.5 * (((fq - cut(dq)) ** 2).mean() + ((fp - cut(dp)) ** 2).mean())
+        return ref() + w * 0.5 * (((fq - _cut(dq, seg)) ** 2).mean() + ((fp - _cut(dp, seg)) ** 2).mean())
 
-    def closure():
-        opt.zero_grad()
-        loss = objective()
-        loss.backward()
-        return loss
-
-    opt.step(closure)
+    _minimise_states(ref, objective, max_iter=500)
     torch.testing.assert_close(solved.q_nodes, ref.q_nodes.detach(), atol=1e-5, rtol=0)
     torch.testing.assert_close(solved.p_nodes, ref.p_nodes.detach(), atol=1e-5, rtol=0)
     assert bool((best >= 0).all())
