@@ -208,11 +208,6 @@ def test_trajectory_fit_errors():
         TrajectoryFit(H, q, p, dt=0.1, derivative_weight=2.0)
 
 
-def _cut(x, seg):
-    """Data (B, T, 1) as the fit's segments, (seg + 1, B·S, 1): what its rollouts are compared with."""
-    return x.unfold(1, seg + 1, seg).permute(0, 1, 3, 2).reshape(-1, seg + 1, 1).transpose(0, 1)
-
-
 def _minimise_states(fit_module, objective, *, max_iter):
     """L-BFGS on the fit's node states for ``objective()`` (the reference minimiser)."""
     opt = torch.optim.LBFGS([fit_module.q_nodes, fit_module.p_nodes], max_iter=max_iter,
@@ -232,10 +227,20 @@ def _vf(H, q, p):
     return dq.detach(), dp.detach()
 
 
+def _each_time_once(x, S):
+    """Segment rollouts (segment + 1, B·S, n) → the fit's state at every observation time,
+    (B, T, n): time s·segment + j from segment s's j-th state for j < segment, and the last time
+    from the last segment's end (an inner node's time at the node, not at the segment before)."""
+    B, n = x.shape[1] // S, x.shape[2]
+    body = x[:-1].transpose(0, 1).reshape(B, S * (x.shape[0] - 1), n)
+    return torch.cat([body, x[-1].reshape(B, S, n)[:, -1:]], 1)
+
+
 @pytest.mark.parametrize("segment", [None, 4])
 def test_derivatives_are_matched_at_the_fits_states_not_at_the_observations(segment):
-    """With ``derivatives``, the loss adds w × derivative_loss at the states the fit rolls out
-    (every observation time of every segment), with no graph to the node states."""
+    """With ``derivatives``, the loss adds w × derivative_loss at the states the fit rolls out,
+    each observation time once (an inner node's time at the node), with no graph to the node
+    states."""
     H = _oscillator()
     q, p, (qc, pc) = _data(H, B=4, T=13, noise=0.05, seed=3)
     dq, dp = _vf(H, qc, pc)
@@ -244,8 +249,8 @@ def test_derivatives_are_matched_at_the_fits_states_not_at_the_observations(segm
     plain = TrajectoryFit(model, q, p, dt=0.1, segment=segment)
     tf = TrajectoryFit(model, q, p, dt=0.1, segment=segment, derivatives=(dq, dp), derivative_weight=3.0)
     qs, ps = plain._roll(plain.q_nodes.reshape(-1, 1), plain.p_nodes.reshape(-1, 1))   # (seg+1, N, 1)
-    seg = plain.segment
-    want = plain() + 3.0 * derivative_loss(model, qs.detach(), ps.detach(), _cut(dq, seg), _cut(dp, seg))
+    S = plain.n_segments
+    want = plain() + 3.0 * derivative_loss(model, *(_each_time_once(x.detach(), S) for x in (qs, ps)), dq, dp)
     got = tf()
     assert float(got) == pytest.approx(float(want), rel=1e-12)
     got.backward()
@@ -371,7 +376,8 @@ def test_gauss_newton_states_reach_the_minimiser_of_the_loss(segment):
 @pytest.mark.parametrize("segment", [None, 4])
 def test_gauss_newton_with_derivatives_minimises_the_whole_loss_over_the_states(segment):
     """With observed derivatives the solved states minimise data + continuity + derivative
-    residuals |X_H(Φ^{(j)}(z)) − ẋ_j|² (the loss's terms, as functions of the states): the
+    residuals |X_H(Φ^{(j)}(z)) − ẋ_j|², each observation time once (the loss's terms, as
+    functions of the states): the
     minimiser L-BFGS finds for that objective; and, with H exact, they lie closer to the clean
     states than the states solved from the positions and momenta alone."""
     H = _pendulum()
@@ -382,12 +388,12 @@ def test_gauss_newton_with_derivatives_minimises_the_whole_loss_over_the_states(
                            derivatives=(dq, dp), derivative_weight=w).eval()
     best = solved.solve_states(steps=40 if segment else 8)
     ref = TrajectoryFit(H, qn, pn, dt=0.1, segment=segment)
-    seg = ref.segment
+    S, seg = ref.n_segments, ref.segment
 
     def objective():
         qs, ps = ref._roll(ref.q_nodes.reshape(-1, 1), ref.p_nodes.reshape(-1, 1))
-        fq, fp = H.vector_field(qs, ps)
-        return ref() + w * 0.5 * (((fq - _cut(dq, seg)) ** 2).mean() + ((fp - _cut(dp, seg)) ** 2).mean())
+        fq, fp = H.vector_field(*(_each_time_once(x, S) for x in (qs, ps)))
+        return ref() + w * 0.5 * (((fq - dq) ** 2).mean() + ((fp - dp) ** 2).mean())
 
     _minimise_states(ref, objective, max_iter=500)
     torch.testing.assert_close(solved.q_nodes, ref.q_nodes.detach(), atol=1e-5, rtol=0)

@@ -22,8 +22,11 @@ state as for any other model.
 **Observed derivatives** (``derivatives=(dq, dp)``, the time derivatives at the observation
 times, e.g. the true field at the clean states as in the HNN paper's data): the loss adds
 
-      w_d · (1 / (2n)) mean_{b,s,j} |X_{H_θ}(sg[Φ^{(j)}(z_{b,s})]) − ẋ_{b, s·segment + j}|²,
+      w_d · (1 / (2n)) mean_{(b,s,j) ∈ M} |X_{H_θ}(sg[Φ^{(j)}(z_{b,s})]) − ẋ_{b, s·segment + j}|²,
 
+M: j = 0..segment − 1, and j = segment on a trajectory's last segment — each observation once
+(an inner node's time is both a segment's end and the next segment's start; its derivative is
+matched at the node, and with one-step segments the field is evaluated at half the points);
 derivative matching (Greydanus et al. 2019) at the fit's *estimates* of the states (sg: no
 gradient to them; they are inputs, as data are) instead of at the noisy observations.  Derivative
 matching at noisy inputs is an errors-in-variables regression: its fit is biased by the noise
@@ -286,9 +289,12 @@ class TrajectoryFit(nn.Module):
             # derivative matching at the fit's estimates of the states, not at the noisy
             # observations: the inputs carry the estimate's error instead of the noise
             # (errors in variables), and no graph to the states (they are inputs, as data are)
-            fq, fp = self.model.vector_field(qs.detach().reshape(-1, n), ps.detach().reshape(-1, n), 0.0)
-            eq = fq - self.dq_obs[index].transpose(0, 1).reshape(-1, n)
-            ep = fp - self.dp_obs[index].transpose(0, 1).reshape(-1, n)
+            parts = self._derivative_parts(index)
+            Q, P, dQ, dP = (torch.cat([x[j].reshape(-1, n) for _, j in parts])
+                            for x in (qs.detach(), ps.detach(), self.dq_obs[index].transpose(0, 1),
+                                      self.dp_obs[index].transpose(0, 1)))
+            fq, fp = self.model.vector_field(Q, P, 0.0)
+            eq, ep = fq - dQ, fp - dP
             loss = loss + self.derivative_weight * 0.5 * ((eq * eq).mean() + (ep * ep).mean())
         return loss
 
@@ -309,12 +315,13 @@ class TrajectoryFit(nn.Module):
         Node z = z_{b,s} minimises its part of the full loss (the data of its segment and the
         continuity terms that contain it, with the weights of the full-batch loss),
 
-            ℓ(z) = 1/(segment+1) Σ_j (|Φ^{(j)}(z) − x_j|² + w_d |X_{H_θ}(Φ^{(j)}(z)) − ẋ_j|²)
+            ℓ(z) = 1/(segment+1) Σ_j |Φ^{(j)}(z) − x_j|² + w_d′ Σ_{j ∈ M_s} |X_{H_θ}(Φ^{(j)}(z)) − ẋ_j|²
                    + w′ (|Φ^{(segment)}(z) − z_{s+1}|² + |Φ^{(segment)}(z_{s−1}) − z|²),
-            w′ = w · S / (S − 1),
+            w′ = w · S / (S − 1),   w_d′ = w_d · S / (S · segment + 1),
 
         with its neighbours fixed at their current values (the w_d term only with observed
-        ``derivatives``: the states are estimated from everything observed).  A sweep updates the even nodes s,
+        ``derivatives``: the states are estimated from everything observed; M_s = {0, …,
+        segment − 1}, and segment too on a trajectory's last segment).  A sweep updates the even nodes s,
         then the odd ones (red–black block Gauss–Seidel: each half sees its neighbours' new
         states, about twice Jacobi's rate on this chain).  The Jacobians ∂Φ^{(j)}/∂z come from
         one graph-free rollout of the 2n + 1 states z and z + ε e_k (forward differences,
@@ -359,8 +366,9 @@ class TrajectoryFit(nn.Module):
     def _objective(self, index: Tensor):
         """The parts of ℓ (:meth:`solve_states`) for the nodes ``index``, their neighbours as they
         are now: (nodes (total, 2n), obs (seg+1, N, 2n), a, w′, has_prev, has_next, the previous
-        segments' ends, the next nodes, the observed derivatives (seg+1, N, 2n) or None,
-        objective(F, z) -> ℓ per node from its rollout F)."""
+        segments' ends, the next nodes, the derivative terms (the observed derivatives (seg+1,
+        N, 2n), :meth:`_derivative_parts`, their weight) or None, objective(F, z) -> ℓ per node
+        from its rollout F)."""
         total, S, m = self.trajectories * self.n_segments, self.n_segments, 2 * self.dim
         nodes = torch.cat([self.q_nodes, self.p_nodes], -1).reshape(total, m)
         obs = torch.cat([self.q_obs[index], self.p_obs[index]], -1).transpose(0, 1)   # (seg+1, N, m)
@@ -372,23 +380,47 @@ class TrajectoryFit(nn.Module):
         # the previous segments' ends Φ^{(segment)}(z_{s−1}) do not depend on z: one rollout
         prev_end = self._roll_states(nodes[index[has_prev] - 1])[-1] if bool(has_prev.any()) else None
         nxt = nodes[index[has_next] + 1]
-        dobs = (torch.cat([self.dq_obs[index], self.dp_obs[index]], -1).transpose(0, 1)
-                if self._matches_derivatives() else None)
+        derivs = None
+        if self._matches_derivatives():
+            dobs = torch.cat([self.dq_obs[index], self.dp_obs[index]], -1).transpose(0, 1)
+            # the full loss's weight of a derivative residual against a data residual's a: its
+            # mean runs over S·segment + 1 points a trajectory, the data's over S·(segment + 1)
+            derivs = dobs, self._derivative_parts(index), S / (S * self.segment + 1) * self.derivative_weight
 
         def objective(F, z):                               # ℓ per node from its rollout F
             val = a * ((F - obs) ** 2).sum((0, 2))
-            if dobs is not None:
-                val = val + a * self.derivative_weight * ((self._field(F) - dobs) ** 2).sum((0, 2))
+            if derivs is not None:
+                dobs, parts, ad = derivs
+                for rows, j in parts:
+                    r = ad * ((self._field(F[j]) - dobs[j]) ** 2).sum((0, 2))
+                    if isinstance(rows, slice):
+                        val = val + r
+                    else:
+                        val[rows] += r
             if prev_end is not None:
                 val[has_prev] += w * ((prev_end - z[has_prev]) ** 2).sum(-1)
             if nxt.shape[0]:
                 val[has_next] += w * ((F[-1][has_next] - nxt) ** 2).sum(-1)
             return val
 
-        return nodes, obs, a, w, has_prev, has_next, prev_end, nxt, dobs, objective
+        return nodes, obs, a, w, has_prev, has_next, prev_end, nxt, derivs, objective
 
     def _matches_derivatives(self) -> bool:
         return self.dq_obs is not None and self.derivative_weight > 0
+
+    def _derivative_parts(self, index: Tensor):
+        """Where the derivatives of the segments ``index`` are matched, each observation once:
+        ``[(nodes, j)]`` with ``x[j]`` the matched part of a ``(segment + 1, N, …)`` tensor x,
+        restricted to the ``nodes`` (a slice or mask of the N): j < segment on every segment,
+        j = segment on a trajectory's last one (an inner node's time is matched at the node)."""
+        S = self.n_segments
+        last = (index % S) == S - 1
+        if bool(last.all()):                  # single shooting: every state, in one part
+            return [(slice(None), (slice(None), slice(None)))]
+        parts = [(slice(None), (slice(None, -1), slice(None)))]
+        if bool(last.any()):
+            parts.append((last, (slice(-1, None), last)))
+        return parts
 
     def _field(self, X: Tensor) -> Tensor:
         """X_{H_θ} at states X = (q, p) of shape (..., 2n), as one tensor of that shape."""
@@ -403,7 +435,7 @@ class TrajectoryFit(nn.Module):
         took the step (None otherwise)."""
         total, n, seg = self.trajectories * self.n_segments, self.dim, self.segment
         m = 2 * n
-        nodes, obs, a, w, has_prev, has_next, prev_end, nxt, dobs, objective = self._objective(index)
+        nodes, obs, a, w, has_prev, has_next, prev_end, nxt, derivs, objective = self._objective(index)
         eye = torch.eye(m, dtype=nodes.dtype, device=nodes.device)
         z = nodes[index]
         N = z.shape[0]
@@ -415,11 +447,13 @@ class TrajectoryFit(nn.Module):
         J = ((X[:, :, 1:] - F.unsqueeze(2)) / eps[:, :, None]).transpose(-1, -2)   # (seg+1, N, out, in)
         A = a * torch.einsum("jnoi,jnok->nik", J, J)
         g = a * torch.einsum("jnoi,jno->ni", J, F - obs)
-        if dobs is not None:         # the derivative residuals X_H(Φ^{(j)}(z)) − ẋ_j, the same differences
-            D = self._field(X)
-            Jd = ((D[:, :, 1:] - D[:, :, :1]) / eps[:, :, None]).transpose(-1, -2)
-            A += a * self.derivative_weight * torch.einsum("jnoi,jnok->nik", Jd, Jd)
-            g += a * self.derivative_weight * torch.einsum("jnoi,jno->ni", Jd, D[:, :, 0] - dobs)
+        if derivs is not None:       # the derivative residuals X_H(Φ^{(j)}(z)) − ẋ_j, the same differences
+            dobs, parts, ad = derivs
+            for rows, j in parts:
+                D = self._field(X[j])
+                Jd = ((D[:, :, 1:] - D[:, :, :1]) / eps[rows][:, :, None]).transpose(-1, -2)
+                A[rows] += ad * torch.einsum("jnoi,jnok->nik", Jd, Jd)
+                g[rows] += ad * torch.einsum("jnoi,jno->ni", Jd, D[:, :, 0] - dobs[j])
         if nxt.shape[0]:
             Jn = J[-1][has_next]
             A[has_next] += w * Jn.transpose(-1, -2) @ Jn
