@@ -334,6 +334,27 @@ def test_discrete_work_times_and_inputs():
         discrete_work(F, q, p[:-1], h=0.1)
 
 
+def test_discrete_work_refuses_sample_first_trajectories():
+    """(B, K+1, n) trajectories passed where (K+1, B, n) are taken used to return the "work"
+    between neighbouring trajectories without an error; they are refused, naming the transpose,
+    and ``layout="time_first"`` takes an ensemble of nearby trajectories as given."""
+    F = ForcedSystem(pendulum_H(), damping=0.1)
+    q0 = torch.linspace(-1.0, 1.0, 8, dtype=torch.float64)[:, None]
+    q, p = tgi.rollout(F, q0, torch.zeros_like(q0), h=0.05, steps=20, method="implicit_midpoint")
+    W = discrete_work(F, q, p, h=0.05)                                  # time-first: accepted
+    assert W.shape == (20, 8)
+    with pytest.raises(ValueError, match=r"look sample-first, \(B, K\+1, n\).*transpose\(0, 1\)"):
+        discrete_work(F, q.transpose(0, 1), p.transpose(0, 1), h=0.05)
+    with pytest.raises(ValueError, match="layout must be None or 'time_first'"):
+        discrete_work(F, q, p, h=0.05, layout="windows")
+    near = 1e-4 * torch.arange(8, dtype=torch.float64)[:, None]        # an ensemble, 1e-4 apart
+    qe, pe = tgi.rollout(F, 0.5 + near, near, h=0.05, steps=20, method="implicit_midpoint")
+    with pytest.raises(ValueError, match="look sample-first"):
+        discrete_work(F, qe, pe, h=0.05)
+    torch.testing.assert_close(discrete_work(F, qe, pe, h=0.05, layout="time_first"),
+                               discrete_work(F, qe[:, :1], pe[:, :1], h=0.05).expand(20, 8), rtol=0, atol=1e-5)
+
+
 def test_forced_losses_read_a_control_left_on_the_model_at_the_data_times():
     """``model.control = u`` then a residual or derivative loss without ``control=``: the field
     was evaluated at t = 0, so u(0) was read at every pair (the true system's forced midpoint

@@ -18,6 +18,16 @@ def check_tensor(x, name: str, *, min_dim: int = 1) -> torch.Tensor:
     return x
 
 
+def neighbour_steps(q: torch.Tensor, p: torch.Tensor) -> tuple[float, float]:
+    """Mean |Δ| of the states (q, p) between neighbours along dim 0 and along dim 1 (one host
+    sync): the time axis of trajectories is the one along which they change little — the
+    layout checks' test of which axis a caller's (·, ·, n) data have in time."""
+    with torch.no_grad():
+        x = torch.cat([q, p], -1)
+        d0, d1 = torch.stack([(x[1:] - x[:-1]).abs().mean(), (x[:, 1:] - x[:, :-1]).abs().mean()]).tolist()
+    return d0, d1
+
+
 def check_own_methods(system, what: str) -> None:
     """A system whose states only its own family of methods steps (``stepped_by``: a Lie-group
     system's (g, μ)) refused by ``what`` (a method of another family, variable steps), by name:

@@ -55,7 +55,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ._validate import check_finite, check_nonzero, check_pair, check_scalar
+from ._validate import check_finite, check_nonzero, check_pair, check_scalar, neighbour_steps
 from .integrators.registry import register
 from .integrators.variational import VariationalIntegrator
 from .lagrangian import Lagrangian, SecondOrderSystem, ConstantMatrix
@@ -326,13 +326,16 @@ class ForcedVariationalIntegrator(VariationalIntegrator):
 
 
 def discrete_work(system: ForcedSystem, q: Tensor, p: Tensor, *, h: float, t0: float = 0.0,
-                  alpha: float = 0.5) -> Tensor:
+                  alpha: float = 0.5, layout: str | None = None) -> Tensor:
     r"""W_k = F̄·(q_{k+1} − q_k) along a trajectory ``q, p`` of shape (K+1, ..., n) stepped with
     step h from t0 by an α-map method: F̄ = F_tot at the base point q̄ = (1−α)q_k + αq_{k+1},
     t_k + αh, with z̄ = αp_k + (1−α)p_{k+1} (the cotangent lift's crossed weights) and v̄ = ∂H/∂p
     there on a Hamiltonian system, z̄ = v̄ = (q_{k+1} − q_k)/h on a Lagrangian one.
     Returns (K, ...).  For α = ½ and H = ½pᵀM⁻¹p + V: E_{k+1} − E_k = W_k + D_k exactly (module
-    docstring)."""
+    docstring).  ``layout=None`` refuses (K+1, B, n) data that look sample-first — changing much
+    less along dim 1 than along dim 0, (B, K+1, n) trajectories, whose "work" would be taken
+    between trajectories; ``layout="time_first"`` skips that check (an ensemble of nearby
+    trajectories)."""
     if not isinstance(system, ForcedSystem):
         raise TypeError(f"discrete_work takes a ForcedSystem, got {type(system).__name__}")
     AlphaMap(alpha)
@@ -340,6 +343,17 @@ def discrete_work(system: ForcedSystem, q: Tensor, p: Tensor, *, h: float, t0: f
     if q.dim() < 2:
         raise ValueError(f"q, p must be trajectories (K+1, ..., n), got shape {tuple(q.shape)}")
     h, t0 = check_nonzero(h, "h", "step size"), check_scalar(t0, "t0", "time")
+    if layout not in (None, "time_first"):
+        raise ValueError(f"layout must be None or 'time_first', got {layout!r}")
+    if layout is None and q.dim() == 3 and min(q.shape[:2]) >= 2:
+        d0, d1 = neighbour_steps(q, p)
+        if d1 < 0.25 * d0:
+            raise ValueError(
+                f"discrete_work takes trajectories time-first, (K+1, B, n) as tgi.rollout returns "
+                f"them. These, of shape {tuple(q.shape)}, look sample-first, (B, K+1, n): "
+                f"neighbours along dim 1 differ by {d1:.2e} on average, along dim 0 by {d0:.2e}. "
+                "Transpose them (q.transpose(0, 1)), or pass layout='time_first' if they are "
+                "time-first.")
     q0, q1, p0, p1 = q[:-1], q[1:], p[:-1], p[1:]
     if q0.shape[0] == 0:
         return q.new_zeros(q.shape[1:-1]).unsqueeze(0)[:0]

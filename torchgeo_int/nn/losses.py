@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .._validate import check_finite, check_nonzero, check_placement
+from .._validate import check_finite, check_nonzero, check_placement, neighbour_steps
 from ..lifts import CotangentLift
 from ..maps import DiscretizationMap, MidpointMap
 from ..rollout import as_system, rollout
@@ -85,18 +85,14 @@ def check_layout(q, p, layout, who: str):
     if layout == "time_first":
         return q.transpose(0, 1), p.transpose(0, 1)
     if layout is None and q.shape[0] >= 2 and q.shape[1] >= 2 and q.shape == p.shape:
-        with torch.no_grad():
-            x = torch.cat([q, p], -1)
-            d0 = (x[1:] - x[:-1]).abs().mean()
-            d1 = (x[:, 1:] - x[:, :-1]).abs().mean()
-            looks_time_first = bool(d0 < 0.25 * d1)
-        if looks_time_first:
+        d0, d1 = neighbour_steps(q, p)
+        if d0 < 0.25 * d1:
             N, L, n = q.shape
             raise ValueError(
                 f"{who} takes q, p sample-first, (N, L, n): N windows or trajectories, L states "
                 f"along dim 1 (what tgi.nn.make_windows returns). These, of shape {(N, L, n)}, "
                 f"look time-first, (T, B, n) as tgi.rollout returns them: neighbours along dim 0 "
-                f"differ by {float(d0):.2e} on average, along dim 1 by {float(d1):.2e}. Pass "
+                f"differ by {d0:.2e} on average, along dim 1 by {d1:.2e}. Pass "
                 "layout='time_first' to use them as B trajectories of T states, transpose them "
                 "(q.transpose(0, 1)), or pass layout='windows' if they are sample-first.")
     return q, p
