@@ -502,6 +502,16 @@ def test_hnn_parametric_probe_tiny(tmp_path, monkeypatch, capsys):
     assert both["tasks"]["spring"] == json.loads(json.dumps(t))        # kept as written
     with pytest.raises(ValueError, match="data seeds"):
         parametric.run(["pendulum"], data_seeds=1, out=tmp_path, progress=False, merge=True)
+    # one arm rerun into a task of the report: its rows replaced, the task's other arms kept
+    one = parametric.run(["spring"], data_seeds=2, out=tmp_path, progress=False, merge=True, arms=["g"])
+    s = one["tasks"]["spring"]
+    assert set(s["per_seed"]) == set(parametric.ARMS) and one["arms"] == list(parametric.ARMS)
+    untimed = lambda rows: [{k: v for k, v in r.items() if not k.endswith("seconds")} for r in rows]  # noqa: E731
+    assert s["per_seed"]["e"] == t["per_seed"]["e"]                            # kept
+    assert untimed(s["per_seed"]["a"]) == untimed(t["per_seed"]["a"])          # rerun, seeded: the same fit
+    assert "| g |" in (tmp_path / "hnn_parametric.md").read_text()
+    with pytest.raises(ValueError, match=r"unknown arm\(s\) \['h'\]"):
+        parametric.run(["spring"], data_seeds=2, out=tmp_path, progress=False, arms=["h"])
     # clean data: (e) through Verlet learns Verlet's exact coefficients, whose correction is H
     summary, rows = parametric.shape_scan([0], steps=300, lr=0.05, out=tmp_path, noise=0.0)
     assert abs(rows[0]["shape_offset"]) < 1e-4 and rows[0]["eps_H_corrected"] < 0.02 * rows[0]["eps_H"]

@@ -11,7 +11,7 @@ replaced by two coefficients in a family that holds the true H,
     pendulum   H = b p² + a (1 − cos q)             (truth a = 3, b = 1)
     two-body   H = b |p|²/2 − a / |q₁ − q₂|          (truth a = b = 1)
 
-and each recipe of :mod:`experiments.hnn.train` — (a), (a′), (b5), (e), (e′), (f), (f_v), the
+and each recipe of :mod:`experiments.hnn.train` — (a), (a′), (b5), (e), (e′), (f), (f_v), (g), the
 same losses, data, shooting settings and evaluation — fits the two coefficients (Adam, lr 1e-2,
 cosine decay, no weight decay, the study's steps and batches).  Two coefficients leave no
 approximation error, so what differs between the arms is how each recipe uses the noisy data:
@@ -42,7 +42,7 @@ from .run import CONFIG, SHOOTING, TRAINING_FAILURES, _mean_se
 from .train import arms as make_arms
 from .train import evaluate, failed_metrics, train
 
-ARMS = ("a", "a_fd", "b5", "e", "e4", "f", "f_v")
+ARMS = ("a", "a_fd", "b5", "e", "e4", "f", "f_v", "g")
 METRICS = ("energy_mse", "state_mse", "eps_H")
 
 
@@ -107,9 +107,15 @@ def closed_form_derivative_matching(task_name: str, task) -> tuple[float, float]
 
 
 def run(tasks, *, data_seeds: int = 5, out="results", progress: bool = True, steps=None, lr=1e-2,
-        merge: bool = False):
-    """Fit every arm on every task and data seed; write the report.  ``merge``: add these tasks to
-    the report already in ``out`` (same data seeds and lr), replacing any run again."""
+        merge: bool = False, arms=ARMS):
+    """Fit the ``arms`` (every one by default; (a), the reference of the ratios, always) on every
+    task and data seed; write the report.  ``merge``: add these tasks, or these arms of a task, to
+    the report already in ``out`` (same data seeds and lr; a task's steps and batch too),
+    replacing any run again."""
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown:
+        raise ValueError(f"unknown arm(s) {unknown}; known: {', '.join(ARMS)}")
+    arms = [k for k in ARMS if k == "a" or k in arms]
     out = Path(out)
     previous = None
     if merge:
@@ -122,12 +128,12 @@ def run(tasks, *, data_seeds: int = 5, out="results", progress: bool = True, ste
                              f"{previous['lr']}, this run {data_seeds} and {lr}")
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    report = {"arms": list(ARMS), "data_seeds": data_seeds, "lr": lr, "tasks": {}}
+    report = {"arms": arms, "data_seeds": data_seeds, "lr": lr, "tasks": {}}
     for name in tasks:
         cfg = CONFIG[name]
         mode = cfg["full"]
         n_steps = steps or mode["steps"]
-        rows = {k: [] for k in ARMS}
+        rows = {k: [] for k in arms}
         checks = []
         for ds in range(data_seeds):
             kw = dict(trajectories=mode["trajectories"]) if name.startswith("twobody") else {}
@@ -135,7 +141,7 @@ def run(tasks, *, data_seeds: int = 5, out="results", progress: bool = True, ste
             shooting = SHOOTING[name]
             every = {a.key: a for a in make_arms(task, shooting=shooting)}
             trained = {}
-            for key in ARMS:
+            for key in arms:
                 arm = every[key]
                 source = every[arm.reuse] if arm.reuse else arm
                 if source.key not in trained:
@@ -163,7 +169,18 @@ def run(tasks, *, data_seeds: int = 5, out="results", progress: bool = True, ste
                                  "summary": {k: summarize(v) for k, v in rows.items()}}
     report["wall_seconds"] = time.perf_counter() - t0
     if previous is not None:
-        report["tasks"] = {k: v for k, v in previous["tasks"].items() if k not in report["tasks"]} | report["tasks"]
+        for name, t in report["tasks"].items():
+            old = previous["tasks"].get(name)
+            if old is None:
+                continue
+            if (old["steps"], old["batch_size"]) != (t["steps"], t["batch_size"]):
+                raise ValueError(f"--merge: {name} has {old['steps']} steps and batch {old['batch_size']} "
+                                 f"in the report, {t['steps']} and {t['batch_size']} in this run")
+            # the arms run again replace theirs; (a), rerun with every run, is the same seeded fit
+            t["per_seed"] = old["per_seed"] | t["per_seed"]
+            t["summary"] = old["summary"] | t["summary"]
+        report["tasks"] = previous["tasks"] | report["tasks"]
+        report["arms"] = [k for k in ARMS if any(k in t["per_seed"] for t in report["tasks"].values())]
         report["wall_seconds"] += previous["wall_seconds"]
     out.mkdir(parents=True, exist_ok=True)
     (out / "hnn_parametric.json").write_text(json.dumps(report, indent=1, allow_nan=True))
@@ -261,8 +278,8 @@ def markdown(report) -> str:
                   "| arm | energy MSE | ×(a), paired (range) | state MSE | ×(a), paired | ε_H | b | a | failed |",
                   "|---|---|---|---|---|---|---|---|---|"]
         base = t["per_seed"]["a"]
-        for k, s in t["summary"].items():
-            cells = [k]
+        for k in [k for k in ARMS if k in t["summary"]]:
+            s, cells = t["summary"][k], [k]
             for m in ("energy_mse", "state_mse"):
                 mean, se = s[m]
                 cells.append("—" if mean is None else f"{mean:.3g} ± {se:.2g}")
@@ -292,7 +309,9 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=1e-2)
     ap.add_argument("--out", default="results")
     ap.add_argument("--no-progress", action="store_true")
-    ap.add_argument("--merge", action="store_true", help="add these tasks to the report already in --out")
+    ap.add_argument("--merge", action="store_true", help="add these tasks (or arms) to the report already in --out")
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {','.join(ARMS)} "
+                    "((a), the ratios' reference, always runs)")
     ap.add_argument("--shape-scan", metavar="FIRST:STOP", help="only the spring shape scan over data "
                     "seeds FIRST..STOP−1 ((e) through Verlet; with --steps, default 1000; --noise)")
     ap.add_argument("--noise", type=float, default=0.1, help="--shape-scan: observation noise σ")
@@ -327,8 +346,11 @@ def main(argv=None):
     unknown = set(tasks) - set(FAMILIES)
     if unknown:
         raise SystemExit(f"unknown task(s) {sorted(unknown)}; known: {', '.join(FAMILIES)}")
+    arms = args.arms.split(",")
+    if set(arms) - set(ARMS):
+        ap.error(f"unknown arm(s) {sorted(set(arms) - set(ARMS))}; known: {', '.join(ARMS)}")
     rep = run(tasks, data_seeds=args.data_seeds, out=args.out, progress=not args.no_progress,
-              steps=args.steps, lr=args.lr, merge=args.merge)
+              steps=args.steps, lr=args.lr, merge=args.merge, arms=arms)
     print(markdown(rep))
 
 
