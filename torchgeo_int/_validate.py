@@ -18,14 +18,15 @@ def check_tensor(x, name: str, *, min_dim: int = 1) -> torch.Tensor:
     return x
 
 
-def neighbour_steps(q: torch.Tensor, p: torch.Tensor) -> tuple[float, float]:
-    """Mean |Δ| of the states (q, p) between neighbours along dim 0 and along dim 1 (one host
-    sync): the time axis of trajectories is the one along which they change little — the
-    layout checks' test of which axis a caller's (·, ·, n) data have in time."""
+def time_axis(q: torch.Tensor, p: torch.Tensor) -> tuple[int | None, float, float]:
+    """Which of dims 0 and 1 of (·, ·, n) states (q, p) looks like time — the layout checks'
+    test: trajectories change little between neighbours in time, so the axis whose mean |Δ| is
+    under ¼ of the other's is time (None: neither).  Returns (axis, mean |Δ| along dim 0, along
+    dim 1), the means for the caller's message; one host sync."""
     with torch.no_grad():
         x = torch.cat([q, p], -1)
         d0, d1 = torch.stack([(x[1:] - x[:-1]).abs().mean(), (x[:, 1:] - x[:, :-1]).abs().mean()]).tolist()
-    return d0, d1
+    return (0 if d0 < 0.25 * d1 else 1 if d1 < 0.25 * d0 else None), d0, d1
 
 
 def check_own_methods(system, what: str) -> None:

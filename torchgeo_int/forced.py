@@ -55,7 +55,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ._validate import check_finite, check_nonzero, check_pair, check_scalar, neighbour_steps
+from ._validate import check_finite, check_nonzero, check_pair, check_scalar, time_axis
 from .integrators.registry import register
 from .integrators.variational import VariationalIntegrator
 from .lagrangian import Lagrangian, SecondOrderSystem, ConstantMatrix
@@ -346,8 +346,8 @@ def discrete_work(system: ForcedSystem, q: Tensor, p: Tensor, *, h: float, t0: f
     if layout not in (None, "time_first"):
         raise ValueError(f"layout must be None or 'time_first', got {layout!r}")
     if layout is None and q.dim() == 3 and min(q.shape[:2]) >= 2:
-        d0, d1 = neighbour_steps(q, p)
-        if d1 < 0.25 * d0:
+        axis, d0, d1 = time_axis(q, p)
+        if axis == 1:
             raise ValueError(
                 f"discrete_work takes trajectories time-first, (K+1, B, n) as tgi.rollout returns "
                 f"them. These, of shape {tuple(q.shape)}, look sample-first, (B, K+1, n): "

@@ -106,16 +106,21 @@ def closed_form_derivative_matching(task_name: str, task) -> tuple[float, float]
     return tuple(out)
 
 
+def checked_arms(arms) -> list[str]:
+    """``arms`` in the report's order, with (a), the ratios' reference; unknown keys refused."""
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown:
+        raise ValueError(f"unknown arm(s) {unknown}; known: {', '.join(ARMS)}")
+    return [k for k in ARMS if k == "a" or k in arms]
+
+
 def run(tasks, *, data_seeds: int = 5, out="results", progress: bool = True, steps=None, lr=1e-2,
         merge: bool = False, arms=ARMS):
     """Fit the ``arms`` (every one by default; (a), the reference of the ratios, always) on every
     task and data seed; write the report.  ``merge``: add these tasks, or these arms of a task, to
     the report already in ``out`` (same data seeds and lr; a task's steps and batch too),
     replacing any run again."""
-    unknown = sorted(set(arms) - set(ARMS))
-    if unknown:
-        raise ValueError(f"unknown arm(s) {unknown}; known: {', '.join(ARMS)}")
-    arms = [k for k in ARMS if k == "a" or k in arms]
+    arms = checked_arms(arms)
     out = Path(out)
     previous = None
     if merge:
@@ -346,9 +351,10 @@ def main(argv=None):
     unknown = set(tasks) - set(FAMILIES)
     if unknown:
         raise SystemExit(f"unknown task(s) {sorted(unknown)}; known: {', '.join(FAMILIES)}")
-    arms = args.arms.split(",")
-    if set(arms) - set(ARMS):
-        ap.error(f"unknown arm(s) {sorted(set(arms) - set(ARMS))}; known: {', '.join(ARMS)}")
+    try:                      # argparse's usage error before anything trains
+        arms = checked_arms(args.arms.split(","))
+    except ValueError as err:
+        ap.error(str(err))
     rep = run(tasks, data_seeds=args.data_seeds, out=args.out, progress=not args.no_progress,
               steps=args.steps, lr=args.lr, merge=args.merge, arms=arms)
     print(markdown(rep))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .._validate import check_finite, check_nonzero, check_placement, neighbour_steps
+from .._validate import check_finite, check_nonzero, check_placement, time_axis
 from ..lifts import CotangentLift
 from ..maps import DiscretizationMap, MidpointMap
 from ..rollout import as_system, rollout
@@ -85,8 +85,8 @@ def check_layout(q, p, layout, who: str):
     if layout == "time_first":
         return q.transpose(0, 1), p.transpose(0, 1)
     if layout is None and q.shape[0] >= 2 and q.shape[1] >= 2 and q.shape == p.shape:
-        d0, d1 = neighbour_steps(q, p)
-        if d0 < 0.25 * d1:
+        axis, d0, d1 = time_axis(q, p)
+        if axis == 0:
             N, L, n = q.shape
             raise ValueError(
                 f"{who} takes q, p sample-first, (N, L, n): N windows or trajectories, L states "

@@ -392,11 +392,7 @@ class TrajectoryFit(nn.Module):
             if derivs is not None:
                 dobs, parts, ad = derivs
                 for rows, j in parts:
-                    r = ad * ((self._field(F[j]) - dobs[j]) ** 2).sum((0, 2))
-                    if isinstance(rows, slice):
-                        val = val + r
-                    else:
-                        val[rows] += r
+                    val[rows] += ad * ((self._field(F[j]) - dobs[j]) ** 2).sum((0, 2))
             if prev_end is not None:
                 val[has_prev] += w * ((prev_end - z[has_prev]) ** 2).sum(-1)
             if nxt.shape[0]:
