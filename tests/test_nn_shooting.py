@@ -373,7 +373,7 @@ def test_gauss_newton_states_reach_the_minimiser_of_the_loss(segment):
     assert best.shape == (6 * solved.n_segments,) and bool((best >= 0).all())
 
 
-@pytest.mark.parametrize("segment", [None, 4])
+@pytest.mark.parametrize("segment", [None, 4, 1])
 def test_gauss_newton_with_derivatives_minimises_the_whole_loss_over_the_states(segment):
     """With observed derivatives the solved states minimise data + continuity + derivative
     residuals |X_H(Φ^{(j)}(z)) − ẋ_j|², each observation time once (the loss's terms, as
@@ -405,6 +405,32 @@ def test_gauss_newton_with_derivatives_minimises_the_whole_loss_over_the_states(
     err = [float(((f.q_nodes - qc[:, :20:seg][:, :S]) ** 2 + (f.p_nodes - pc[:, :20:seg][:, :S]) ** 2).mean())
            for f in (solved, plain)]
     assert err[0] < 0.6 * err[1], err
+
+
+def test_gauss_newton_halves_a_step_that_overshoots(monkeypatch):
+    """Far from the solution (100-step single shooting through a pendulum of the wrong frequency)
+    the full Gauss–Newton step raises some nodes' ℓ; it is then halved until ℓ falls, so every
+    node moves and every ℓ falls.  Without the halvings (the earlier monotone step) those nodes
+    kept their states, and a fit whose nodes all froze so had no gradient left and stalled
+    (the parametric pendulum of experiments/hnn/parametric.py, arm (g))."""
+    def pendulum(b, a):
+        return tgi.SeparableHamiltonian(lambda p: b * 0.5 * (p * p).sum(-1), lambda q: a * (1 - torch.cos(q)).sum(-1))
+    g = torch.Generator().manual_seed(0)
+    q0, p0 = (torch.rand(32, 1, generator=g, dtype=torch.float64) * 4 - 2 for _ in range(2))
+    q, p = (x.transpose(0, 1) for x in tgi.rollout(pendulum(1.0, 3.0), q0, p0, h=0.068, steps=99))
+
+    def first_sweep():
+        tf = TrajectoryFit(pendulum(2.0, 3.0), q, p, dt=0.068, gauss_newton=1).eval()
+        nodes, *_, objective = tf._objective(torch.arange(32))
+        before = objective(tf._roll_states(nodes), nodes)
+        return before, tf.solve_states(steps=1)
+
+    before, after = first_sweep()
+    assert bool((after < before).all())
+    monkeypatch.setattr(TrajectoryFit, "HALVINGS", 0)
+    before0, after0 = first_sweep()
+    assert int((after0 >= before0).sum()) >= 5        # the full step overshoots on these nodes
+    assert float(after.sum()) < float(after0.sum())
 
 
 def test_gauss_newton_solves_only_the_batch_and_the_model_trains_at_solved_states():

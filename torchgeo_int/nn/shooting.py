@@ -329,7 +329,9 @@ class TrajectoryFit(nn.Module):
         (segment + 1)·2n reverse passes through autograd-defined forces that exact Jacobians
         would need, and a Gauss–Newton step needs them only to the accuracy of its linear model.
         The normal equations get a Levenberg–Marquardt shift of 10⁻⁶ of their mean diagonal, and
-        a node keeps its old state where the step does not lower ℓ (a monotone iteration).  With
+        where the step does not lower ℓ it is halved, up to 8 times (backtracking; not where
+        its predicted decrease is at ℓ's rounding level), and a node keeps its old state only
+        where none of them does (a monotone iteration).  With
         one segment (single shooting) a sweep is one Gauss–Newton step of a separable least
         squares problem per trajectory: quadratic convergence on consistent data."""
         index = self._index(index)
@@ -424,6 +426,9 @@ class TrajectoryFit(nn.Module):
         fq, fp = self.model.vector_field(X[..., :n].reshape(-1, n), X[..., n:].reshape(-1, n), 0.0)
         return torch.cat([fq, fp], -1).reshape(X.shape)
 
+    #: step halvings a Gauss–Newton step may take where the full step does not lower ℓ
+    HALVINGS = 8
+
     def _gauss_newton_step(self, index: Tensor, keep_grad: bool | None = None):
         """One monotone Gauss–Newton step on the nodes ``index`` (neighbours fixed), written into
         ``q_nodes`` / ``p_nodes``; ℓ per node after it (see :meth:`solve_states`), and with
@@ -458,7 +463,8 @@ class TrajectoryFit(nn.Module):
             A[has_prev] += w * eye
             g[has_prev] -= w * (prev_end - z[has_prev])
         shift = 1e-6 * A.diagonal(dim1=-2, dim2=-1).mean(-1)[:, None, None] * eye
-        cand = z - torch.linalg.solve(A + shift, g.unsqueeze(-1)).squeeze(-1)
+        step = torch.linalg.solve(A + shift, g.unsqueeze(-1)).squeeze(-1)
+        cand = z - step
         rolled = None
         if keep_grad is None:
             Fc = self._roll_states(cand)
@@ -468,10 +474,34 @@ class TrajectoryFit(nn.Module):
             Fc = torch.cat([x.detach() for x in rolled], -1)
         before, after = objective(F, z), objective(Fc, cand)
         better = torch.isfinite(after) & (after < before)
+        full = bool(better.all())
+        # far from the solution the linear model can overshoot: halve the step where it does not
+        # lower ℓ.  With A positive definite it is a descent direction of ℓ, so a short enough
+        # step lowers ℓ unless z is stationary; keeping the state instead froze the nodes (and
+        # with them the model's gradient) once every full step overshot.  Not where the model's
+        # predicted decrease, gᵀ·step, is at ℓ's rounding level: such a node has converged
+        tol = 100 * torch.finfo(z.dtype).eps
+        far = ~better & ((g * step).sum(-1) > tol * before)
+        if bool(far.any()):
+            rej = far.nonzero().squeeze(1)
+            objective_r = self._objective(index[rej])[-1]        # the same terms, those nodes
+            zr, dr, br = z[rej], step[rej], before[rej]
+            ok = torch.zeros_like(br, dtype=torch.bool)
+            t = 1.0
+            for _ in range(self.HALVINGS):
+                t /= 2
+                c = zr - t * dr
+                val = objective_r(self._roll_states(c), c)
+                new = ~ok & torch.isfinite(val) & (val < br)
+                cand[rej[new]], after[rej[new]] = c[new], val[new]
+                ok |= new
+                if bool(ok.all()):
+                    break
+            better[rej] = ok
         z = torch.where(better[:, None], cand, z)
         self.q_nodes.view(total, n)[index] = z[:, :n]
         self.p_nodes.view(total, n)[index] = z[:, n:]
-        return torch.where(better, after, before), (rolled if bool(better.all()) else None)
+        return torch.where(better, after, before), (rolled if full else None)
 
     @torch.no_grad()
     def continuity_defects(self) -> Tensor:
