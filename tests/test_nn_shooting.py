@@ -206,6 +206,10 @@ def test_trajectory_fit_errors():
         TrajectoryFit(H, q, p, dt=0.1, derivatives=(q, p), derivative_weight=-1.0)
     with pytest.raises(ValueError, match="derivative_weight = 2.0 applies to observed derivatives"):
         TrajectoryFit(H, q, p, dt=0.1, derivative_weight=2.0)
+    with pytest.raises(ValueError, match="derivative_points = 5 applies to observed derivatives"):
+        TrajectoryFit(H, q, p, dt=0.1, derivative_points=5)
+    with pytest.raises(ValueError, match="derivative_points"):
+        TrajectoryFit(H, q, p, dt=0.1, derivatives=(q, p), derivative_points=0)
 
 
 def _minimise_states(fit_module, objective, *, max_iter):
@@ -261,6 +265,30 @@ def test_derivatives_are_matched_at_the_fits_states_not_at_the_observations(segm
     # weight 0: the plain fit
     zero = TrajectoryFit(model, q, p, dt=0.1, segment=segment, derivatives=(dq, dp), derivative_weight=0.0)
     assert float(zero()) == float(plain())
+
+
+def test_derivative_points_match_a_random_subset_an_unbiased_estimate():
+    """``derivative_points=k``: in training mode the derivative term is the mean over k of the
+    batch's points drawn afresh each call, so its average over draws is the full term; evaluation
+    mode, and k at least the batch's points, take every point."""
+    H = _oscillator()
+    q, p, (qc, pc) = _data(H, B=4, T=13, noise=0.05, seed=3)
+    dq, dp = _vf(H, qc, pc)
+    torch.manual_seed(0)
+    model = SeparableHNN(1, width=8)
+    plain = TrajectoryFit(model, q, p, dt=0.1, segment=4)
+    full = TrajectoryFit(model, q, p, dt=0.1, segment=4, derivatives=(dq, dp))
+    with torch.no_grad():
+        base, want = float(plain()), float(full()) - float(plain())
+        assert want > 0
+        sub = TrajectoryFit(model, q, p, dt=0.1, segment=4, derivatives=(dq, dp), derivative_points=5)
+        torch.manual_seed(1)
+        draws = torch.tensor([float(sub()) - base for _ in range(600)])
+        assert float(draws.std()) > 0.05 * want                       # the draws do differ
+        assert float(draws.mean()) == pytest.approx(want, rel=4 * float(draws.std()) / 600 ** 0.5 / want)
+        assert float(sub.eval()()) == pytest.approx(float(full()), rel=1e-12)
+        every = TrajectoryFit(model, q, p, dt=0.1, segment=4, derivatives=(dq, dp), derivative_points=4 * 13)
+        assert float(every()) == pytest.approx(float(full()), rel=1e-12)
 
 
 def test_derivatives_at_estimated_states_beat_derivative_matching_at_noisy_ones():

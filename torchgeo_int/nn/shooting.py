@@ -34,7 +34,9 @@ at its inputs (a harmonic oscillator's coefficients shrink by var(x) / (var(x) +
 the shooting fit's state estimates, closer to the clean states, reduce.  Solved states
 (``gauss_newton``) minimise the whole loss, the derivative residuals included, so that the
 states and the derivatives they are matched with agree; learned states get the gradient of the
-data and continuity terms only.
+data and continuity terms only.  ``derivative_points=k`` takes the training loss's mean over k of
+the batch's points in M, drawn afresh at each call (an unbiased estimate, as a minibatch is):
+the term's cost no longer grows with the segments a step; the state solve still uses them all.
 
 The loss is taken per *segment*, so :func:`~torchgeo_int.nn.fit` can batch segments:
 ``fit(tf, TrajectoryFit.loss, tf.segments, ...)``; a segment's continuity term reaches the next
@@ -104,8 +106,9 @@ class TrajectoryFit(nn.Module):
     counts are the buffer ``visits`` (saved with the module, so a resumed fit solves where the
     uninterrupted one would).  ``derivatives``: ``(dq, dp)`` of the data's shape, the observed
     time derivatives, matched at the fit's states with the weight ``derivative_weight`` (see the
-    module docstring).  ``layout``: as the losses' (:func:`~torchgeo_int.nn.losses.check_layout`):
-    ``None`` refuses data that look time-first, ``"time_first"`` takes ``(T, B, n)`` as
+    module docstring), at ``derivative_points`` random points of the batch's (None: all).
+    ``layout``: as the losses' (:func:`~torchgeo_int.nn.losses.check_layout`): ``None`` refuses
+    data that look time-first, ``"time_first"`` takes ``(T, B, n)`` as
     :func:`~torchgeo_int.rollout` returns it, ``"windows"`` skips the check.
 
     Attributes: ``model``, ``q_nodes`` / ``p_nodes`` (``nn.Parameter`` of shape ``(B, S, n)``),
@@ -117,7 +120,7 @@ class TrajectoryFit(nn.Module):
                  q0: Tensor | None = None, p0: Tensor | None = None, gauss_newton: int = 0,
                  solve_every: int = 1, layout: str | None = None,
                  derivatives: tuple[Tensor, Tensor] | None = None, derivative_weight: float = 1.0,
-                 **rollout_options):
+                 derivative_points: int | None = None, **rollout_options):
         super().__init__()
         system = as_system(model)
         if getattr(system, "time_dependent", False):
@@ -181,11 +184,14 @@ class TrajectoryFit(nn.Module):
                                  f"got {swapped}, time-first: transpose(0, 1) them")
             check_data(q, p, dq, dp, names=("q", "p", "dq", "dp"), ndim=3)
             dq, dp = cut(dq), cut(dp)
-        elif derivative_weight != 1.0:
-            raise ValueError(f"derivative_weight = {derivative_weight} applies to observed derivatives: "
-                             f"pass derivatives=(dq, dp) with it")
+        elif derivative_weight != 1.0 or derivative_points is not None:
+            what = (f"derivative_weight = {derivative_weight}" if derivative_weight != 1.0
+                    else f"derivative_points = {derivative_points}")
+            raise ValueError(f"{what} applies to observed derivatives: pass derivatives=(dq, dp) with it")
         else:
             dq = dp = None
+        self.derivative_points = (None if derivative_points is None
+                                  else check_int(derivative_points, "derivative_points", 1))
         self.register_buffer("dq_obs", dq, persistent=False)
         self.register_buffer("dp_obs", dp, persistent=False)
         given = (q0 is not None, p0 is not None)
@@ -293,6 +299,12 @@ class TrajectoryFit(nn.Module):
             Q, P, dQ, dP = (torch.cat([x[j].reshape(-1, n) for _, j in parts])
                             for x in (qs.detach(), ps.detach(), self.dq_obs[index].transpose(0, 1),
                                       self.dp_obs[index].transpose(0, 1)))
+            k = self.derivative_points
+            if self.training and k is not None and k < Q.shape[0]:
+                # an unbiased estimate of the mean over the batch's points at k of them, drawn
+                # afresh each step (a minibatch of the derivative data, as (a) takes)
+                pick = torch.randperm(Q.shape[0], device=Q.device)[:k]
+                Q, P, dQ, dP = Q[pick], P[pick], dQ[pick], dP[pick]
             fq, fp = self.model.vector_field(Q, P, 0.0)
             eq, ep = fq - dQ, fp - dP
             loss = loss + self.derivative_weight * 0.5 * ((eq * eq).mean() + (ep * ep).mean())
