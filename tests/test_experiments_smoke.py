@@ -407,9 +407,22 @@ def test_hnn_study_shooting_arms_tiny(tmp_path, monkeypatch, capsys):
         batches.append(k["batch_size"])
         return fit(*a, **k)
     monkeypatch.setattr(hnn_train, "fit", spy)
+    fits = []
+
+    class Recorded(hnn_train.TrajectoryFit):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            fits.append((self.solve_every, self.derivative_points))
+    monkeypatch.setattr(hnn_train, "TrajectoryFit", Recorded)
     noisy = hnn_run.run("twobody_noisy", arm_keys=["a", "e", "f"], **args)
     assert noisy["data"]["noise"] == 0.1 and noisy["shooting"]["segment"] == 1
     assert noisy["shooting"]["gauss_newton"] == 1 and batches == [8, 8 * 7]   # (a), then (e)'s segments
+    batches.clear()
+    fewer = hnn_run.run("twobody_noisy", arm_keys=["g", "g_ode"], shooting=dict(derivative_points=20), **args)
+    assert batches == [8 * 7] and fits[-1] == (8, 20)       # (g″) evaluates (g)'s model: one training
+    assert fewer["shooting"]["derivative_points"] == 20
+    assert fewer["arms"]["g_ode"]["per_seed"][0]["train_seconds"] == fewer["arms"]["g"]["per_seed"][0]["train_seconds"]
+    assert fewer["arms"]["g_ode"]["per_seed"][0]["state_mse"] != fewer["arms"]["g"]["per_seed"][0]["state_mse"]
     again = hnn_run.run("spring", from_partial=True, **args)     # a stopped run's seeds, no training
     assert again["arms"]["e"]["per_seed"] == arms["e"]["per_seed"] and again["shooting"] == rep["shooting"]
     cmp = hnn_run.compare_rankings(rep, rep)

@@ -313,7 +313,7 @@ def _previous(stem: Path, **expected):
 
 
 #: The arms whose order --quick must reproduce (the new ones and their references).
-RANKED = ("a", "a_fd", "b5", "e", "e4", "g", "f", "f_v")
+RANKED = ("a", "a_fd", "b5", "e", "e4", "g", "g_ode", "f", "f_v")
 
 
 def ranking(rep: dict, metric: str = "energy_mse", keys=RANKED) -> list[str]:
@@ -414,7 +414,8 @@ def markdown(rep: dict) -> str:
                   "re-implementation, and the ratios above compare arms of this run only."]
     if rep.get("shooting"):
         lines += ["", f"Shooting arms (e), (e′), (f): {rep['shooting']} (segment None: single "
-                  "shooting; (f) reuses (e)'s trained model); train s of (f) is (e)'s training."]
+                  "shooting; (f) reuses (e)'s trained model, (g″) (g)'s); train s of (f) is (e)'s "
+                  "training, of (g″) (g)'s."]
     lines += [
               f"Wall time of the run: {rep['wall_seconds']:.0f} s (shared, loaded cores: noisy).", ""]
     return "\n".join(lines)
@@ -491,7 +492,7 @@ def main(argv=None):
     ap.add_argument("--seeds", type=_arg("int", 1), help="number of seeds (default 5, --quick 2)")
     ap.add_argument("--steps", type=_arg("int", 1), help="gradient steps per arm")
     ap.add_argument("--batch-size", type=_arg("int", 1), help="samples (points or windows) per step")
-    ap.add_argument("--arms", help="comma-separated subset of a,a_fd,a_s,b1,b5,b10,c,c_ode,d,e,e4,g,f,f_v")
+    ap.add_argument("--arms", help="comma-separated subset of a,a_fd,a_s,b1,b5,b10,c,c_ode,d,e,e4,g,g_ode,f,f_v")
     ap.add_argument("--segment", type=_arg("int", 0), help="shooting segment length of (e)/(e′)/(f) (0: single shooting)")
     ap.add_argument("--continuity", type=_arg("real", 0.0), help="continuity weight of the shooting arms")
     ap.add_argument("--state-lr", type=_arg("real", 0.0, lo_open=True), help="learning rate of the shooting-node states")
@@ -501,6 +502,9 @@ def main(argv=None):
                     "step only (TrajectoryFit's solve_every; with --gauss-newton)")
     ap.add_argument("--derivative-weight", type=_arg("real", 0.0),
                     help="weight of (g)'s derivative matching at the estimated states (default 1)")
+    ap.add_argument("--derivative-points", type=_arg("int", 1),
+                    help="(g): derivatives matched at this many of the batch's points a step, drawn "
+                         "at random (default: all)")
     ap.add_argument("--method2", help="training/evaluation method of (e′) (default yoshida4)")
     ap.add_argument("--substeps2", type=_arg("int", 1), help="substeps per data interval of (e′)")
     ap.add_argument("--b-model", choices=["auto", "hnn"], default="auto",
@@ -543,7 +547,8 @@ def main(argv=None):
                                       substeps2=args.substeps2,
                                       gauss_newton=args.gauss_newton,
                                       solve_every=args.solve_every,
-                                      derivative_weight=args.derivative_weight).items() if v is not None}
+                                      derivative_weight=args.derivative_weight,
+                                      derivative_points=args.derivative_points).items() if v is not None}
     if shooting.get("segment") == 0:
         shooting["segment"] = None
     rep = run(args.task, quick=args.quick, seeds=args.seeds, steps=args.steps, batch_size=args.batch_size,

@@ -27,6 +27,8 @@ r"""The arms of the HNN study: what is trained, on what, and how it is rolled ou
                derivative matching at the fit's estimated states instead of at the noisy
                observations, the states solved from the observed states *and* derivatives; the
                same data as (a), the same training and evaluation as (e).
+(g″)  ``g_ode`` (g)'s model (the same training, reused) rolled out by dopri5 (rtol 1e-9), as (a)'s
+               is: (g) learns from (a)'s targets of the true field as well as through Verlet.
 (f)   ``f``, ``f_v``   (e)'s model (the same training, reused) corrected for Verlet's modified
                Hamiltonian (:class:`torchgeo_int.nn.CorrectedHamiltonian`, H_θ + h² H₂[H_θ]),
                rolled out by dopri5 (rtol 1e-9) and by Verlet at h = dt.
@@ -109,6 +111,9 @@ def arms(task: Task, *, b_model: str = "auto", node_window: int = 5, windows=(1,
                    f"{m2}, h = dt{f'/{sub2}' if sub2 > 1 else ''}", substeps=sub2))
     out.append(Arm("g", "(g) (e) + derivative matching at its estimated states", b_cls, "shooting",
                    seg or 0, b_method, f"{b_method}, h = dt", derivatives=True))
+    out.append(Arm("g_ode", "(g) rolled out by dopri5", b_cls, "shooting", seg or 0, "dopri5",
+                   "dopri5 (rtol 1e-9) on the learned field", train_method=b_method,
+                   derivatives=True, reuse="g"))
     out.append(Arm("f", f"(f) (e) + modified-H correction, rolled out by dopri5", b_cls, "shooting",
                    seg or 0, "dopri5", "dopri5 (rtol 1e-9) on the corrected field",
                    train_method=b_method, correction=True, reuse="e"))
@@ -120,7 +125,8 @@ def arms(task: Task, *, b_model: str = "auto", node_window: int = 5, windows=(1,
 
 #: Defaults of the shooting arms (e), (e′), (f), (g); run.SHOOTING sets them per task.
 SHOOTING = dict(segment=None, continuity=1.0, state_lr=1e-3, method2="yoshida4", substeps2=1,
-                gauss_newton=0, solve_every=1, batch_factor=1, derivative_weight=1.0)
+                gauss_newton=0, solve_every=1, batch_factor=1, derivative_weight=1.0,
+                derivative_points=None)
 
 
 def state_lr(sh: dict):
@@ -173,6 +179,7 @@ def shooting_fit(arm: Arm, model, task: Task, *, shooting: dict | None = None) -
     return TrajectoryFit(model, q, p, dt=task.dt, segment=seg,
                          derivatives=(dq, dp) if arm.derivatives else None,
                          derivative_weight=sh["derivative_weight"] if arm.derivatives else 1.0,
+                         derivative_points=sh["derivative_points"] if arm.derivatives else None,
                          method=arm.train_method or arm.method, substeps=arm.substeps,
                          continuity=sh["continuity"], gauss_newton=sh["gauss_newton"],
                          solve_every=sh["solve_every"] if sh["gauss_newton"] else 1)
