@@ -462,6 +462,21 @@ def test_hnn_study_shooting_arms_tiny(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(hnn_train, "rollout_model", real_rollout)
 
 
+def test_hnn_cost_tiny(tmp_path, monkeypatch, capsys):
+    """The cost benchmark times the arms as the study builds them, side by side, and reports
+    each against the first; unknown arms are a usage error."""
+    from experiments.hnn import cost as hnn_cost
+    rep = hnn_cost.measure("spring", ["b5", "e", "g"], batch_size=8, rounds=2, steps=1, warmup=1)
+    arms = rep["arms"]
+    assert list(arms) == ["b5", "e", "g"] and arms["b5"]["ratio"] == 1.0
+    assert all(a["ms_per_step"] > 0 for a in arms.values()) and rep["shooting"]["gauss_newton"] == 1
+    hnn_cost.main(["--task", "spring", "--arms", "a,b1", "--batch-size", "8", "--rounds", "1",
+                   "--steps", "1", "--out", str(tmp_path)])
+    assert "| (a)" in capsys.readouterr().out and (tmp_path / "hnn_cost_spring.json").exists()
+    with pytest.raises(SystemExit):
+        hnn_cost.main(["--task", "spring", "--arms", "b5,zz"])
+
+
 def test_hnn_parametric_probe_tiny(tmp_path, monkeypatch, capsys):
     """experiments.hnn.parametric: each family holds its task's true H (at the true coefficients,
     up to a constant), derivative matching's closed form recovers them from exact data, and a toy
