@@ -462,6 +462,20 @@ def test_hnn_study_shooting_arms_tiny(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(hnn_train, "rollout_model", real_rollout)
 
 
+def test_hnn_truth_floor_is_verlets_error(monkeypatch, capsys):
+    """The true H rolled out by Verlet at h = dt: an energy error of second order in h (its
+    squared error falls 16x at half the step), printed per task by --floor."""
+    from experiments.hnn import data as hnn_data
+    from experiments.hnn import run as hnn_run
+    from experiments.hnn.train import truth_floor
+    task = hnn_data.spring(0)
+    f1, f2 = truth_floor(task), truth_floor(task, substeps=2)
+    assert 14 < f1["energy_mse"] / f2["energy_mse"] < 18 and f1["state_mse"] > f2["state_mse"]
+    monkeypatch.setattr(hnn_run, "CONFIG", {"spring": hnn_run.CONFIG["spring"]})
+    hnn_run.main(["--floor"])
+    assert f"| spring | {task.dt:.4g} | {f1['energy_mse']:.3g} |" in capsys.readouterr().out
+
+
 def test_hnn_cost_tiny(tmp_path, monkeypatch, capsys):
     """The cost benchmark times the arms as the study builds them, side by side, and reports
     each against the first; unknown arms are a usage error."""

@@ -33,7 +33,7 @@ from torchgeo_int._validate import check_int, check_real
 
 from . import data as datasets
 from .train import arms as make_arms
-from .train import evaluate, failed_metrics, train
+from .train import evaluate, failed_metrics, train, truth_floor
 
 CONFIG = {
     "spring": dict(lr=1e-3, weight_decay=1e-4, substeps=1,
@@ -524,6 +524,9 @@ def main(argv=None):
     ap.add_argument("--from-partial", action="store_true",
                     help="report the seeds an interrupted run of --task finished (train nothing)")
     ap.add_argument("--table", metavar="DIR", help="only print the cross-task tables of the reports in DIR")
+    ap.add_argument("--floor", action="store_true",
+                    help="only print the true H's energy / state MSE when rolled out by Verlet at h = dt "
+                         "(the trajectory arms' evaluation) on each task")
     ap.add_argument("--compare", nargs=2, metavar=("QUICK_JSON", "FULL_JSON"),
                     help="only compare the arm rankings of a --quick and a full report")
     args = ap.parse_args(argv)
@@ -534,6 +537,15 @@ def main(argv=None):
             raise SystemExit(f"no hnn_<task>.json reports in {args.table}")
         for metric in ("energy_mse", "state_mse", "eps_H", "train_seconds"):
             print(cross_task_table(reports, metric) + "\n")
+        return
+    if args.floor:
+        print("| the true H by Verlet at h = dt | dt | energy MSE | state MSE |\n|---|---|---|---|")
+        for name in CONFIG:
+            mode = CONFIG[name]["full"]
+            task = datasets.TASKS[name](args.data_seed, **({"trajectories": mode["trajectories"]}
+                                                         if "trajectories" in mode else {}))
+            f = truth_floor(task)
+            print(f"| {name} | {task.dt:.4g} | {f['energy_mse']:.3g} | {f['state_mse']:.3g} |")
         return
     if args.compare:
         quick, full = (json.loads(Path(p).read_text()) for p in args.compare)

@@ -251,6 +251,20 @@ def rollout_model(model, arm: Arm, task: Task, *, substeps: int = 1):
                    method=evaluation_method(arm.method), save_every=substeps)
 
 
+def truth_floor(task: Task, *, method: str = "verlet", substeps: int = 1) -> dict:
+    """Energy and state MSE of the *true* H rolled out as the trajectory arms are (``method`` at
+    h = dt / substeps) from the held-out initial states: what that evaluation costs a perfect
+    model (the true H; an arm trained through the method can do better, by learning its modified
+    Hamiltonian)."""
+    H = task.energy
+    q0, p0 = task.q_eval[:, 0], task.p_eval[:, 0]
+    S = task.q_eval.shape[1] - 1
+    q, p = predict(lambda q, p: H(q, p), q0, p0, h=task.dt / substeps, steps=S * substeps,
+                   method=method, save_every=substeps)
+    return {"energy_mse": float(energy_mse(H, q, p, task.q_eval, task.p_eval)),
+            "state_mse": float(state_mse(q, p, task.q_eval, task.p_eval))}
+
+
 EVAL_NEWTON_ITERS = 500
 
 
