@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from torchgeo_int._validate import check_int
+from torchgeo_int.nn.training import make_optimizer
 
 from . import data as datasets
 from .run import CONFIG, SHOOTING
@@ -51,7 +52,7 @@ def stepper(arm, task, *, batch: int | None, lr: float, weight_decay: float, sho
             opt.step()
         return step
     loss_fn, data = loss_and_data(arm, task)
-    opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+    opt = make_optimizer(model, lr=lr, weight_decay=weight_decay)       # fit's, as train's
     rows = data[0].shape[0]
     size = rows if batch is None else min(batch, rows)
 
