@@ -11,7 +11,7 @@ replaced by two coefficients in a family that holds the true H,
     pendulum   H = b p² + a (1 − cos q)             (truth a = 3, b = 1)
     two-body   H = b |p|²/2 − a / |q₁ − q₂|          (truth a = b = 1)
 
-and each recipe of :mod:`experiments.hnn.train` — (a), (a′), (b5), (e), (e′), (f), (f_v), (g), the
+and each recipe of :mod:`experiments.hnn.train` — (a), (a′), (b5), (e), (e′), (f), (f_v), (g), (g″), the
 same losses, data, shooting settings and evaluation — fits the two coefficients (Adam, lr 1e-2,
 cosine decay, no weight decay, the study's steps and batches).  Two coefficients leave no
 approximation error, so what differs between the arms is how each recipe uses the noisy data:
@@ -42,7 +42,7 @@ from .run import CONFIG, SHOOTING, TRAINING_FAILURES, _mean_se
 from .train import arms as make_arms
 from .train import evaluate, failed_metrics, train
 
-ARMS = ("a", "a_fd", "b5", "e", "e4", "f", "f_v", "g")
+ARMS = ("a", "a_fd", "b5", "e", "e4", "f", "f_v", "g", "g_ode")
 METRICS = ("energy_mse", "state_mse", "eps_H")
 
 
