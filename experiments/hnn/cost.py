@@ -25,8 +25,7 @@ import torch
 from torchgeo_int._validate import check_int
 from torchgeo_int.nn.training import make_optimizer
 
-from . import data as datasets
-from .run import CONFIG, SHOOTING
+from .run import CONFIG, SHOOTING, study_task
 from .train import SHOOTING as SHOOTING_DEFAULTS
 from .train import arms as make_arms
 from .train import build_model, loss_and_data, seed_everything, shooting_fit, state_lr
@@ -75,8 +74,7 @@ def measure(task_name: str, arm_keys, *, batch_size: int | None = None, rounds: 
     torch.set_num_threads(1)
     cfg = CONFIG[task_name]
     mode = cfg["full"]
-    kwargs = dict(trajectories=mode["trajectories"]) if "trajectories" in mode else {}
-    task = datasets.TASKS[task_name](data_seed, **kwargs).to(torch.float32)
+    task = study_task(task_name, data_seed).to(torch.float32)
     sh = {**SHOOTING_DEFAULTS, **SHOOTING.get(task_name, {}), **(shooting or {})}
     known = {a.key: a for a in make_arms(task, shooting=sh)}
     unknown = [k for k in arm_keys if k not in known]

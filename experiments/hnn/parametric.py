@@ -38,7 +38,7 @@ from torch import nn
 from torchgeo_int import SeparableHamiltonian
 
 from . import data as datasets
-from .run import CONFIG, SHOOTING, TRAINING_FAILURES, _mean_se
+from .run import CONFIG, SHOOTING, TRAINING_FAILURES, _mean_se, study_task
 from .train import arms as make_arms
 from .train import evaluate, failed_metrics, train
 
@@ -141,8 +141,7 @@ def run(tasks, *, data_seeds: int = 5, out="results", progress: bool = True, ste
         rows = {k: [] for k in arms}
         checks = []
         for ds in range(data_seeds):
-            kw = dict(trajectories=mode["trajectories"]) if name.startswith("twobody") else {}
-            task = datasets.TASKS[name](ds, **kw)
+            task = study_task(name, ds)
             shooting = SHOOTING[name]
             every = {a.key: a for a in make_arms(task, shooting=shooting)}
             trained = {}

@@ -84,6 +84,14 @@ SHOOTING = {
 #: 0.0168 → 0.0173; (b1) there: 0.0024, 6.4e-6, 0.0113 — on exact data the states have nothing
 #: to estimate, and the one-step rollout arm stays the best.
 SHOOTING["twobody"] = dict(SHOOTING["twobody_noisy"])
+def study_task(name: str, data_seed: int = 0, *, quick: bool = False):
+    """The task's draw as the study trains on it: the two-body tasks with the budget's number of
+    trajectories (1000 full, 200 --quick)."""
+    mode = CONFIG[name]["quick" if quick else "full"]
+    kw = {"trajectories": mode["trajectories"]} if "trajectories" in mode else {}
+    return datasets.TASKS[name](data_seed, **kw)
+
+
 #: what a seed's training may raise and the study counts as that seed failing: a non-finite
 #: loss, an implicit step or a Gauss–Newton state solve without a solution
 TRAINING_FAILURES = (FloatingPointError, tgi.ConvergenceError, torch.linalg.LinAlgError)
@@ -137,10 +145,7 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
     n_steps = steps if steps is not None else mode["steps"]
     bs = batch_size if batch_size is not None else mode["batch"]
     t_start = time.perf_counter()
-    if task_name.startswith("twobody"):
-        task = datasets.TASKS[task_name](data_seed, trajectories=mode["trajectories"])
-    else:
-        task = datasets.TASKS[task_name](data_seed)
+    task = study_task(task_name, data_seed, quick=quick)
     shooting = dict(SHOOTING[task_name], **(shooting or {}))
     all_arms = every_arm = make_arms(task, b_model=b_model, node_window=node_window, shooting=shooting)
     out = Path(out)
@@ -541,9 +546,7 @@ def main(argv=None):
     if args.floor:
         print("| the true H by Verlet at h = dt | dt | energy MSE | state MSE |\n|---|---|---|---|")
         for name in CONFIG:
-            mode = CONFIG[name]["full"]
-            task = datasets.TASKS[name](args.data_seed, **({"trajectories": mode["trajectories"]}
-                                                         if "trajectories" in mode else {}))
+            task = study_task(name, args.data_seed)
             f = truth_floor(task)
             print(f"| {name} | {task.dt:.4g} | {f['energy_mse']:.3g} | {f['state_mse']:.3g} |")
         return

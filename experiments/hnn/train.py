@@ -259,7 +259,7 @@ def truth_floor(task: Task, *, method: str = "verlet", substeps: int = 1) -> dic
     H = task.energy
     q0, p0 = task.q_eval[:, 0], task.p_eval[:, 0]
     S = task.q_eval.shape[1] - 1
-    q, p = predict(lambda q, p: H(q, p), q0, p0, h=task.dt / substeps, steps=S * substeps,
+    q, p = predict(H, q0, p0, h=task.dt / substeps, steps=S * substeps,
                    method=method, save_every=substeps)
     return {"energy_mse": float(energy_mse(H, q, p, task.q_eval, task.p_eval)),
             "state_mse": float(state_mse(q, p, task.q_eval, task.p_eval))}

@@ -493,8 +493,8 @@ class TrajectoryFit(nn.Module):
         # with them the model's gradient) once every full step overshot.  Not where the model's
         # predicted decrease, gᵀ·step, is at ℓ's rounding level: such a node has converged
         tol = 100 * torch.finfo(z.dtype).eps
-        far = ~better & ((g * step).sum(-1) > tol * before)
-        if bool(far.any()):
+        far = None if full else ~better & ((g * step).sum(-1) > tol * before)
+        if far is not None and bool(far.any()):      # (no second host sync when every node took it)
             rej = far.nonzero().squeeze(1)
             objective_r = self._objective(index[rej])[-1]        # the same terms, those nodes
             zr, dr, br = z[rej], step[rej], before[rej]
