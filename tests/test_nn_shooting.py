@@ -267,6 +267,47 @@ def test_derivatives_are_matched_at_the_fits_states_not_at_the_observations(segm
     assert float(zero()) == float(plain())
 
 
+@pytest.mark.parametrize("segment,method", [(None, "verlet"), (1, "verlet"), (4, "yoshida4")])
+def test_the_nodes_force_serves_the_rollout_and_the_derivative_term_once(monkeypatch, segment, method):
+    """Solved node states with observed derivatives on a separable H_θ: X_H at the nodes shares
+    ∂V/∂q with the rollout's first kick (its FSAL cache), one evaluation a node instead of two,
+    and the state solve evaluates each half only at the n + 1 of its Jacobian's m + 1 states
+    that differ in that half.  The loss, its gradient and the solved states are those of
+    evaluating every one (the states to the forward differences' rounding)."""
+    g = torch.Generator().manual_seed(5)
+    B, T, n = 3, 9, 2
+    q, p, dq, dp = (torch.randn(B, T, n, generator=g) for _ in range(4))
+    torch.manual_seed(0)
+    model = SeparableHNN(n, width=8)
+    rows = []
+    grad_V = model.potential.input_grad
+    monkeypatch.setattr(model.potential, "input_grad", lambda x: rows.append(x[..., 0].numel()) or grad_V(x))
+
+    def run(reuse):
+        tf = TrajectoryFit(model, q, p, dt=0.1, segment=segment, method=method, gauss_newton=1,
+                           derivatives=(dq, dp), derivative_weight=2.0).eval()
+        if not reuse:
+            monkeypatch.setattr(tf, "_first_kick", lambda: None)
+        rows.clear()
+        loss = tf()
+        forward_rows = sum(rows)
+        grads = torch.autograd.grad(loss, list(model.parameters()))
+        rows.clear()
+        tf.solve_states(steps=2)
+        return loss.detach(), grads, forward_rows, sum(rows), tf.q_nodes.detach(), tf.p_nodes.detach()
+
+    got, want = run(True), run(False)
+    nodes = B * (1 if segment is None else (T - 1) // segment)
+    assert float(got[0]) == float(want[0])
+    for a, b in zip(got[1], want[1]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+    assert want[2] - got[2] == nodes                        # the forward: one ∂V/∂q a node saved
+    assert got[3] < want[3]                                  # the solve: fewer too
+    torch.testing.assert_close(got[4], want[4], rtol=0, atol=1e-6)
+    torch.testing.assert_close(got[5], want[5], rtol=0, atol=1e-6)
+    assert float((got[4] - q[:, :T - 1:segment or T - 1]).abs().max()) > 1e-3     # the solve moved them
+
+
 def test_derivative_points_match_a_random_subset_an_unbiased_estimate():
     """``derivative_points=k``: in training mode the derivative term is the mean over k of the
     batch's points drawn afresh each call, so its average over draws is the full term; evaluation
