@@ -526,6 +526,25 @@ def test_metrics():
     assert drift.shape == (q.shape[0],)
 
 
+
+def test_metrics_refuse_a_square_pair_whose_time_axes_differ():
+    """T == B: a rollout's (T, B, n) and the data's (B, T, n) have one shape, so the shape check
+    cannot see the mix-up; state_mse and energy_mse refuse it, and take either layout when
+    both sides share it."""
+    H = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: (1 - torch.cos(q)).sum(-1))
+    g = torch.Generator().manual_seed(0)
+    q0, p0 = torch.rand(8, 1, generator=g) * 2 - 1, torch.rand(8, 1, generator=g) * 2 - 1
+    qt, pt = tgi.rollout(H, q0, p0, h=0.1, steps=7)                  # (T, B, 1), T == B == 8
+    qb, pb = qt.transpose(0, 1), pt.transpose(0, 1)                   # (B, T, 1)
+    for metric in (lambda *x: state_mse(*x), lambda *x: energy_mse(H, *x)):
+        with pytest.raises(ValueError, match="time-first.*transpose"):
+            metric(qt, pt, qb, pb)
+        with pytest.raises(ValueError, match="the truth looks time-first"):
+            metric(qb, pb, qt, pt)
+        assert float(metric(qt, pt, qt, pt)) == float(metric(qb, pb, qb, pb)) == 0.0
+    noisy = qb + 1e-3 * torch.randn(qb.shape, generator=g)
+    assert float(state_mse(noisy, pb, qb, pb)) > 0
+
 # -- bad input -------------------------------------------------------------------------------
 
 def test_bad_data_raises_clearly():

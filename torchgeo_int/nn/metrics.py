@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .._validate import check_nonzero
+from .._validate import check_nonzero, time_axis
 from ..rollout import as_system, rollout
 from ..systems import check_energy
 from .losses import check_data, check_layout
@@ -60,9 +60,26 @@ def predict(model, q0: Tensor, p0: Tensor, *, h: float, steps: int, method="verl
     return q.transpose(0, 1), p.transpose(0, 1)
 
 
+def _same_layout(q_pred, p_pred, q_true, p_true, who: str) -> None:
+    """Predicted and true trajectories of one square shape (T == B) that put time on different
+    axes — a rollout's (T, B, n) against data's (B, T, n) — are refused: their shapes agree, so
+    the metric would pair different states without an error (one host sync, square shapes only;
+    other shapes differ and are refused by the shape check)."""
+    if q_pred.dim() == 3 and q_pred.shape[0] == q_pred.shape[1] >= 2:
+        a, b = time_axis(q_pred, p_pred)[0], time_axis(q_true, p_true)[0]
+        if a is not None and b is not None and a != b:
+            side = ("the prediction", "the truth") if a == 0 else ("the truth", "the prediction")
+            raise ValueError(f"{who}: {side[0]} looks time-first, (T, B, n) as tgi.rollout returns it, "
+                             f"and {side[1]} sample-first, (B, T, n); with T == B = {q_pred.shape[0]} "
+                             "their shapes agree and the metric would pair different states: "
+                             "transpose(0, 1) one of them (tgi.nn.predict returns sample-first)")
+
+
 def state_mse(q_pred: Tensor, p_pred: Tensor, q_true: Tensor, p_true: Tensor) -> Tensor:
-    """Mean squared error over every sample, time and coordinate of (q, p)."""
+    """Mean squared error over every sample, time and coordinate of (q, p).  Predicted and true
+    trajectories must share their layout (a square T == B pair whose time axes differ is refused)."""
     check_data(q_pred, p_pred, q_true, p_true, names=("q_pred", "p_pred", "q_true", "p_true"))
+    _same_layout(q_pred, p_pred, q_true, p_true, "state_mse")
     return 0.5 * (((q_pred - q_true) ** 2).mean() + ((p_pred - p_true) ** 2).mean())
 
 
@@ -84,8 +101,10 @@ def rollout_mse(model, q_true: Tensor, p_true: Tensor, *, dt: float, method="ver
 
 
 def energy_mse(H, q_pred: Tensor, p_pred: Tensor, q_true: Tensor, p_true: Tensor) -> Tensor:
-    """mean_t (H(x̂_t) − H(x_t))² with the true H on both trajectories (Greydanus et al.)."""
+    """mean_t (H(x̂_t) − H(x_t))² with the true H on both trajectories (Greydanus et al.);
+    their layouts as :func:`state_mse`'s."""
     check_data(q_pred, p_pred, q_true, p_true, names=("q_pred", "p_pred", "q_true", "p_true"))
+    _same_layout(q_pred, p_pred, q_true, p_true, "energy_mse")
     E = _energy_fn(H)
     with torch.no_grad():
         return ((E(q_pred, p_pred) - E(q_true, p_true)) ** 2).mean()
