@@ -308,6 +308,27 @@ def test_the_nodes_force_serves_the_rollout_and_the_derivative_term_once(monkeyp
     assert float((got[4] - q[:, :T - 1:segment or T - 1]).abs().max()) > 1e-3     # the solve moved them
 
 
+def test_the_shared_force_path_keeps_flat_batches_and_the_checks():
+    """The solve's halves see flat (N, n) batches, as every other evaluation does (a potential
+    written for 2-d batches keeps working), and check_every is checked when the fit is built,
+    whichever path its rollouts take."""
+    class Pendulum(torch.nn.Module):                      # indexes q[:, 0]: 2-d batches only
+        def __init__(self):
+            super().__init__()
+            self.k = torch.nn.Parameter(torch.tensor(1.3))
+
+        def forward(self, q):
+            return self.k * (1 - torch.cos(q[:, 0]))
+
+    g = torch.Generator().manual_seed(2)
+    q, p, dq, dp = (torch.randn(2, 5, 1, generator=g) for _ in range(4))
+    model = tgi.SeparableHamiltonian(None, Pendulum(), mass=1.0)
+    tf = TrajectoryFit(model, q, p, dt=0.1, segment=2, gauss_newton=1, derivatives=(dq, dp))
+    assert tf._first_kick() is not None and math.isfinite(float(tf(torch.arange(4))))
+    with pytest.raises(ValueError, match="check_every"):
+        TrajectoryFit(model, q, p, dt=0.1, check_every=0)
+
+
 def test_derivative_points_match_a_random_subset_an_unbiased_estimate():
     """``derivative_points=k``: in training mode the derivative term is the mean over k of the
     batch's points drawn afresh each call, so its average over draws is the full term; evaluation

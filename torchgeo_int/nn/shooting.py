@@ -157,6 +157,8 @@ class TrajectoryFit(nn.Module):
         grad_mode(rollout_options.get("grad", "backprop"),
                   **{k: v for k, v in rollout_options.items()
                      if k not in ("grad", "check_every", "compile", "progress")})
+        if "check_every" in rollout_options:       # (also read by the path that hands in the first force)
+            check_int(rollout_options["check_every"], "check_every", 1)
         self.rollout_options = rollout_options
         B, T, n = q.shape
         d = getattr(model, "dim", None)
@@ -535,8 +537,9 @@ class TrajectoryFit(nn.Module):
             # H = T(p) + V(q): a perturbation of q leaves ∂T/∂p as it is and one of p the force,
             # so each half is evaluated at its n + 1 distinct states of the m + 1, and the
             # forces go to the rollout's first kicks
-            force = stepper.force_term(Z[:, :n + 1, :n])                          # z, q perturbed
-            vel = stepper.velocity(Z[:, [0, *range(n + 1, m + 1)], n:])           # z, p perturbed
+            # (flat batches of states, as every other evaluation of the halves takes them)
+            force = stepper.force_term(Z[:, :n + 1, :n].reshape(-1, n)).view(N, n + 1, n)       # z, q perturbed
+            vel = stepper.velocity(Z[:, [0, *range(n + 1, m + 1)], n:].reshape(-1, n)).view(N, n + 1, n)   # z, p
             force = torch.cat([force, force[:, :1].expand(N, n, n)], 1)
             vel = torch.cat([vel[:, :1].expand(N, n + 1, n), vel[:, 1:]], 1)
             D0 = torch.cat([vel, self.model.force_sign * force], -1)             # X_H(Z)
