@@ -489,6 +489,13 @@ def test_hnn_cost_tiny(tmp_path, monkeypatch, capsys):
     assert "| (a)" in capsys.readouterr().out and (tmp_path / "hnn_cost_spring.json").exists()
     with pytest.raises(SystemExit):
         hnn_cost.main(["--task", "spring", "--arms", "b5,zz"])
+    # --solve-every: the shooting arms' solve cycle, named in the table's header
+    hnn_cost.main(["--task", "spring", "--arms", "b5,e", "--batch-size", "8", "--rounds", "1",
+                   "--steps", "1", "--solve-every", "4", "--out", str(tmp_path)])
+    assert "each node solved at one visit in 4" in capsys.readouterr().out
+    assert json.loads((tmp_path / "hnn_cost_spring.json").read_text())["shooting"]["solve_every"] == 4
+    with pytest.raises(SystemExit):
+        hnn_cost.main(["--task", "spring", "--arms", "b5,e", "--solve-every", "0"])
 
 
 def test_hnn_parametric_probe_tiny(tmp_path, monkeypatch, capsys):

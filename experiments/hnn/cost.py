@@ -1,6 +1,6 @@
 r"""Training cost per step of the HNN study's arms, side by side, against (b5).
 
-    python -m experiments.hnn.cost --task twobody_noisy [--arms b5,e,g] [--batch-size 200]
+    python -m experiments.hnn.cost --task twobody_noisy [--arms b5,e,g] [--batch-size 200] [--solve-every k]
 
 Each arm is set up as :func:`experiments.hnn.train.train` sets it up (the task's network,
 loss, shooting settings, optimizer and batch) and timed over the same steps: a few warm-up steps,
@@ -102,7 +102,9 @@ def measure(task_name: str, arm_keys, *, batch_size: int | None = None, rounds: 
 
 def markdown(rep: dict) -> str:
     lines = [f"Training cost per step, {rep['task']} (batch {rep['batch'] or 'full'}; {rep['rounds']} interleaved "
-             f"rounds of {rep['steps']} steps an arm, one thread; shooting arms in steady state)", "",
+             f"rounds of {rep['steps']} steps an arm, one thread; shooting arms in steady state"
+             + (f", each node solved at one visit in {rep['shooting']['solve_every']}" if rep["shooting"]["gauss_newton"]
+                and rep["shooting"]["solve_every"] > 1 else "") + ")", "",
              f"| arm | ms a step | against ({rep['reference']}) |", "|---|---|---|"]
     for a in rep["arms"].values():
         lines.append(f"| {a['label']} | {a['ms_per_step']:.1f} | {a['ratio']:.2f}× |")
@@ -116,11 +118,13 @@ def main(argv=None):
     ap.add_argument("--batch-size", type=int, help="samples per step (default: the task's full-run batch)")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--steps", type=int, default=16, help="steps an arm takes in each round")
+    ap.add_argument("--solve-every", type=int, help="the shooting arms' solve_every (default: the task's)")
     ap.add_argument("--out", default="results")
     args = ap.parse_args(argv)
     try:
         rep = measure(args.task, args.arms.split(","), batch_size=args.batch_size, rounds=args.rounds,
-                      steps=args.steps)
+                      steps=args.steps,
+                      shooting=None if args.solve_every is None else {"solve_every": args.solve_every})
     except ValueError as e:
         ap.error(str(e))
     out = Path(args.out)
