@@ -343,19 +343,28 @@ def test_hnn_evaluate_records_a_failed_rollout(monkeypatch):
     assert math.isfinite(metrics["eps_H"]) and metrics["eps_H"] > 0
 
 
-def test_demo_hnn_part_is_a_fixed_budget_and_repeats():
+def test_demo_hnn_part_is_a_fixed_budget_and_repeats(tmp_path):
     """The demo's HNN part trains every arm for the same seeded number of steps, so two runs give
-    the same numbers (a wall-clock budget gave a different ratio on every machine)."""
-    from experiments.hnn import demo_pendulum
+    the same numbers (a wall-clock budget gave a different ratio on every machine); (g″)
+    evaluates (g)'s model, not a second training; the figures are drawn."""
+    from experiments.hnn import demo_hnn
 
-    runs = [demo_pendulum(steps=3, progress=False) for _ in range(2)]
-    for name in ("symplectic", "derivative_matching", "derivative_matching_fd"):
-        assert runs[0][name]["steps"] == 3
+    runs = [demo_hnn(steps=2, progress=False, out=tmp_path if i else None) for i in range(2)]
+    names = ("trajectory_fit", "trajectory_fit_dopri5", "derivative_matching", "derivative_matching_fd")
+    for name in names:
+        assert runs[0][name]["steps"] == 2
         assert runs[0][name]["energy_mse"] == runs[1][name]["energy_mse"]
     r = runs[0]
-    assert r["energy_mse_ratio"] == r["symplectic"]["energy_mse"] / r["derivative_matching"]["energy_mse"]
+    assert r["trajectory_fit"]["train_seconds"] == r["trajectory_fit_dopri5"]["train_seconds"]
+    assert r["trajectory_fit"]["eps_H"] == r["trajectory_fit_dopri5"]["eps_H"]       # one model
+    assert r["trajectory_fit"]["energy_mse"] != r["trajectory_fit_dopri5"]["energy_mse"]
+    assert r["energy_mse_ratio"] == (r["trajectory_fit_dopri5"]["energy_mse"]
+                                     / r["derivative_matching"]["energy_mse"])
+    assert (tmp_path / "hnn_spring_energy.png").exists() and (tmp_path / "hnn_spring_phase.png").exists()
     with pytest.raises(ValueError, match="steps"):
-        demo_pendulum(steps=0)
+        demo_hnn(steps=0)
+    with pytest.raises(ValueError, match="unknown task"):
+        demo_hnn(steps=1, task="spring_typo")
 
 
 def test_solver_history_captured_and_args_forms_agree(tmp_path):

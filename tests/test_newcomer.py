@@ -194,13 +194,15 @@ def test_demo_tables_render_and_the_hnn_line_says_win_or_loss(tmp_path, monkeypa
     t = common.markdown_table([{"a": "x|y", "b": 1.5}], [("a", "a | b"), ("b", "|c|")])
     assert assert_tables_render(t) == 1
     # the HNN verdicts: a ratio above 1 is a loss, below 1 a win, for energy and state
-    res = {"symplectic": dict(method="(b)", energy_mse=2.0, state_mse=0.1),
+    res = {"trajectory_fit_dopri5": dict(energy_mse=2.0, state_mse=0.1),
+           "trajectory_fit": dict(energy_mse=3.0, state_mse=0.2),
            "derivative_matching": dict(energy_mse=1.0, state_mse=0.4),
            "derivative_matching_fd": dict(energy_mse=8.0, state_mse=0.05)}
     lines = demo.hnn_summary(res)
-    assert "energy 1 (symplectic-step HNN worse, 2× higher), state 0.4 (symplectic-step HNN " \
+    assert "by dopri5: energy 2, state 0.1 (by Verlet at h = dt: energy 3, state 0.2)" in lines[1]
+    assert "energy 1 (trajectory fit worse, 2× higher), state 0.4 (trajectory fit " \
            "better, 4× lower)" in lines[2]
-    assert "energy 8 (symplectic-step HNN better, 4× lower), state 0.05 (symplectic-step HNN " \
+    assert "energy 8 (trajectory fit better, 4× lower), state 0.05 (trajectory fit " \
            "worse, 2× higher)" in lines[3]
 
 
