@@ -421,15 +421,16 @@ def test_hnn_study_shooting_arms_tiny(tmp_path, monkeypatch, capsys):
     class Recorded(hnn_train.TrajectoryFit):
         def __init__(self, *a, **k):
             super().__init__(*a, **k)
-            fits.append((self.solve_every, self.derivative_points))
+            fits.append((self.solve_every, self.derivative_points, self.derivative_warmup))
     monkeypatch.setattr(hnn_train, "TrajectoryFit", Recorded)
     noisy = hnn_run.run("twobody_noisy", arm_keys=["a", "e", "f"], **args)
     assert noisy["data"]["noise"] == 0.1 and noisy["shooting"]["segment"] == 1
     assert noisy["shooting"]["gauss_newton"] == 1 and batches == [8, 8 * 7]   # (a), then (e)'s segments
     batches.clear()
-    fewer = hnn_run.run("twobody_noisy", arm_keys=["g", "g_ode"], shooting=dict(derivative_points=20), **args)
-    assert batches == [8 * 7] and fits[-1] == (8, 20)       # (g″) evaluates (g)'s model: one training
-    assert fewer["shooting"]["derivative_points"] == 20
+    fewer = hnn_run.run("twobody_noisy", arm_keys=["g", "g_ode"],
+                        shooting=dict(derivative_points=20, derivative_warmup=3), **args)
+    assert batches == [8 * 7] and fits[-1] == (8, 20, 3)    # (g″) evaluates (g)'s model: one training
+    assert fewer["shooting"]["derivative_points"] == 20 and fewer["shooting"]["derivative_warmup"] == 3
     assert fewer["arms"]["g_ode"]["per_seed"][0]["train_seconds"] == fewer["arms"]["g"]["per_seed"][0]["train_seconds"]
     assert fewer["arms"]["g_ode"]["per_seed"][0]["state_mse"] != fewer["arms"]["g"]["per_seed"][0]["state_mse"]
     again = hnn_run.run("spring", from_partial=True, **args)     # a stopped run's seeds, no training
@@ -570,12 +571,16 @@ def test_hnn_parametric_probe_tiny(tmp_path, monkeypatch, capsys):
     assert "| g |" in (tmp_path / "hnn_parametric.md").read_text()
     with pytest.raises(ValueError, match=r"unknown arm\(s\) \['h'\]"):
         parametric.run(["spring"], data_seeds=2, out=tmp_path, progress=False, arms=["h"])
+    warm = parametric.run(["spring"], data_seeds=1, out=tmp_path / "warm", progress=False, arms=["g"],
+                          shooting={"derivative_warmup": 5})       # over run.SHOOTING, in the report
+    assert warm["tasks"]["spring"]["shooting"] == dict(parametric.SHOOTING["spring"], derivative_warmup=5)
     # clean data: (e) through Verlet learns Verlet's exact coefficients, whose correction is H
     summary, rows = parametric.shape_scan([0], steps=300, lr=0.05, out=tmp_path, noise=0.0)
     assert abs(rows[0]["shape_offset"]) < 1e-4 and rows[0]["eps_H_corrected"] < 0.02 * rows[0]["eps_H"]
     assert summary["correction_raises_eps_H"] == 0 and (tmp_path / "hnn_parametric_shape.json").exists()
     for argv, message in ((["--replot", "--out", str(tmp_path / "none")], "no report"),
-                          (["--shape-scan", "3"], "FIRST:STOP"), (["--data-seeds", "0"], "at least 1")):
+                          (["--shape-scan", "3"], "FIRST:STOP"), (["--data-seeds", "0"], "at least 1"),
+                          (["--derivative-warmup", "-1"], "--derivative-warmup at least 0")):
         with pytest.raises(SystemExit):
             parametric.main(argv)
         assert message in capsys.readouterr().err

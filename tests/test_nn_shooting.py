@@ -353,6 +353,38 @@ def test_derivative_points_match_a_random_subset_an_unbiased_estimate():
         assert float(every()) == pytest.approx(float(full()), rel=1e-12)
 
 
+def test_derivative_warmup_ramps_the_weight_from_one_in_training_mode():
+    """derivative_warmup=k: the t-th training-mode loss evaluation weighs the derivative term by
+    1 + (w − 1)·min(1, t/k) — the loss of a fit with that constant weight, its state solve
+    included — evaluation mode by w; the count is saved with the module, so a resumed fit
+    continues the ramp."""
+    H = _oscillator()
+    q, p, (qc, pc) = _data(H, B=4, T=13, noise=0.05, seed=3)
+    dq, dp = _vf(H, qc, pc)
+    torch.manual_seed(0)
+    model = SeparableHNN(1, width=8)
+    kw = dict(dt=0.1, segment=4, derivatives=(dq, dp))
+    warm = TrajectoryFit(model, q, p, derivative_weight=5.0, derivative_warmup=4, **kw)
+    for t in range(6):
+        ref = TrajectoryFit(model, q, p, derivative_weight=1 + 4 * min(1, t / 4), **kw)
+        assert float(warm()) == pytest.approx(float(ref()), rel=1e-13)
+    assert int(warm.loss_calls) == 6 and float(warm.eval()()) == float(ref.eval()())
+    again = TrajectoryFit(model, q, p, derivative_weight=5.0, derivative_warmup=8, **kw)
+    again.load_state_dict(warm.state_dict())                # 6 of 8 done: the weight is 4
+    ref = TrajectoryFit(model, q, p, derivative_weight=4.0, **kw)
+    assert float(again()) == pytest.approx(float(ref()), rel=1e-13)
+    assert "loss_calls" not in ref.state_dict()             # no warm-up: the state dict as before
+    # the state solve takes the ramp's weight: at t = 0 it is weight 1's
+    solved = TrajectoryFit(H, q, p, gauss_newton=1, derivative_weight=5.0, derivative_warmup=10, **kw)
+    plain = TrajectoryFit(H, q, p, gauss_newton=1, **kw)
+    solved(), plain()
+    assert torch.equal(solved.q_nodes, plain.q_nodes) and torch.equal(solved.p_nodes, plain.p_nodes)
+    with pytest.raises(ValueError, match="derivative_warmup"):
+        TrajectoryFit(model, q, p, derivative_warmup=-1, **kw)
+    with pytest.raises(ValueError, match="derivative_warmup = 3 applies to observed derivatives"):
+        TrajectoryFit(model, q, p, dt=0.1, derivative_warmup=3)
+
+
 def test_derivatives_at_estimated_states_beat_derivative_matching_at_noisy_ones():
     """Errors in variables: derivative matching of exact derivatives at noisy states shrinks an
     oscillator's coefficients (b p² + a q²)/2 by var(x) / (var(x) + σ²); matched at the states a

@@ -115,12 +115,14 @@ def checked_arms(arms) -> list[str]:
 
 
 def run(tasks, *, data_seeds: int = 5, out="results", progress: bool = True, steps=None, lr=1e-2,
-        merge: bool = False, arms=ARMS):
+        merge: bool = False, arms=ARMS, shooting: dict | None = None):
     """Fit the ``arms`` (every one by default; (a), the reference of the ratios, always) on every
     task and data seed; write the report.  ``merge``: add these tasks, or these arms of a task, to
     the report already in ``out`` (same data seeds and lr; a task's steps and batch too),
-    replacing any run again."""
+    replacing any run again.  ``shooting``: settings over each task's ``run.SHOOTING``
+    (e.g. ``{"derivative_warmup": 1000}``)."""
     arms = checked_arms(arms)
+    shooting_over = shooting
     out = Path(out)
     previous = None
     if merge:
@@ -142,7 +144,7 @@ def run(tasks, *, data_seeds: int = 5, out="results", progress: bool = True, ste
         checks = []
         for ds in range(data_seeds):
             task = study_task(name, ds)
-            shooting = SHOOTING[name]
+            shooting = dict(SHOOTING.get(name, {}), **(shooting_over or {}))
             every = {a.key: a for a in make_arms(task, shooting=shooting)}
             trained = {}
             for key in arms:
@@ -167,7 +169,8 @@ def run(tasks, *, data_seeds: int = 5, out="results", progress: bool = True, ste
             if not isinstance(trained["a"], str):
                 checks.append({"data_seed": ds, "adam": coefficients(trained["a"][0]),
                                "closed_form": closed_form_derivative_matching(name, task.to(torch.float64))})
-        report["tasks"][name] = {"steps": n_steps, "batch_size": mode["batch"], "shooting": SHOOTING[name],
+        report["tasks"][name] = {"steps": n_steps, "batch_size": mode["batch"],
+                                 "shooting": dict(SHOOTING.get(name, {}), **(shooting_over or {})),
                                  "truth_b_a": FAMILIES[name][2], "per_seed": rows,
                                  "derivative_matching_check": checks,
                                  "summary": {k: summarize(v) for k, v in rows.items()}}
@@ -320,6 +323,8 @@ def main(argv=None):
                     "seeds FIRST..STOP−1 ((e) through Verlet; with --steps, default 1000; --noise)")
     ap.add_argument("--noise", type=float, default=0.1, help="--shape-scan: observation noise σ")
     ap.add_argument("--replot", action="store_true", help="only redraw the table and figure of --out's JSON")
+    ap.add_argument("--derivative-warmup", type=int, default=0,
+                    help="(g): steps over which the derivative weight rises from 1 to its value")
     args = ap.parse_args(argv)
     if args.shape_scan:
         try:
@@ -335,8 +340,9 @@ def main(argv=None):
                   f"ε_H {r['eps_H']:.2e} → corrected {r['eps_H_corrected']:.2e}")
         print(json.dumps(summary))
         return
-    if args.data_seeds < 1 or (args.steps is not None and args.steps < 1):
-        ap.error(f"--data-seeds and --steps must be at least 1, got {args.data_seeds}, {args.steps}")
+    if args.data_seeds < 1 or (args.steps is not None and args.steps < 1) or args.derivative_warmup < 0:
+        ap.error(f"--data-seeds and --steps must be at least 1 and --derivative-warmup at least 0, "
+                 f"got {args.data_seeds}, {args.steps}, {args.derivative_warmup}")
     if args.replot:
         out = Path(args.out)
         if not (out / "hnn_parametric.json").exists():
@@ -355,7 +361,8 @@ def main(argv=None):
     except ValueError as err:
         ap.error(str(err))
     rep = run(tasks, data_seeds=args.data_seeds, out=args.out, progress=not args.no_progress,
-              steps=args.steps, lr=args.lr, merge=args.merge, arms=arms)
+              steps=args.steps, lr=args.lr, merge=args.merge, arms=arms,
+              shooting={"derivative_warmup": args.derivative_warmup} if args.derivative_warmup else None)
     print(markdown(rep))
 
 

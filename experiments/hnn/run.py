@@ -518,6 +518,8 @@ def main(argv=None):
     ap.add_argument("--derivative-points", type=_arg("int", 1),
                     help="(g): derivatives matched at this many of the batch's points a step, drawn "
                          "at random (default: all)")
+    ap.add_argument("--derivative-warmup", type=_arg("int", 0),
+                    help="(g): training steps over which the derivative weight rises from 1 to its value")
     ap.add_argument("--method2", help="training/evaluation method of (e′) (default yoshida4)")
     ap.add_argument("--substeps2", type=_arg("int", 1), help="substeps per data interval of (e′)")
     ap.add_argument("--b-model", choices=["auto", "hnn"], default="auto",
@@ -571,7 +573,8 @@ def main(argv=None):
                                       gauss_newton=args.gauss_newton,
                                       solve_every=args.solve_every,
                                       derivative_weight=args.derivative_weight,
-                                      derivative_points=args.derivative_points).items() if v is not None}
+                                      derivative_points=args.derivative_points,
+                                      derivative_warmup=args.derivative_warmup).items() if v is not None}
     if shooting.get("segment") == 0:
         shooting["segment"] = None
     rep = run(args.task, quick=args.quick, seeds=args.seeds, steps=args.steps, batch_size=args.batch_size,

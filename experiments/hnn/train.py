@@ -126,7 +126,7 @@ def arms(task: Task, *, b_model: str = "auto", node_window: int = 5, windows=(1,
 #: Defaults of the shooting arms (e), (e′), (f), (g); run.SHOOTING sets them per task.
 SHOOTING = dict(segment=None, continuity=1.0, state_lr=1e-3, method2="yoshida4", substeps2=1,
                 gauss_newton=0, solve_every=1, batch_factor=1, derivative_weight=1.0,
-                derivative_points=None)
+                derivative_points=None, derivative_warmup=0)
 
 
 def state_lr(sh: dict):
@@ -180,6 +180,7 @@ def shooting_fit(arm: Arm, model, task: Task, *, shooting: dict | None = None) -
                          derivatives=(dq, dp) if arm.derivatives else None,
                          derivative_weight=sh["derivative_weight"] if arm.derivatives else 1.0,
                          derivative_points=sh["derivative_points"] if arm.derivatives else None,
+                         derivative_warmup=sh["derivative_warmup"] if arm.derivatives else 0,
                          method=arm.train_method or arm.method, substeps=arm.substeps,
                          continuity=sh["continuity"], gauss_newton=sh["gauss_newton"],
                          solve_every=sh["solve_every"] if sh["gauss_newton"] else 1)

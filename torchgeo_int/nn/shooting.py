@@ -119,6 +119,9 @@ class TrajectoryFit(nn.Module):
     uninterrupted one would).  ``derivatives``: ``(dq, dp)`` of the data's shape, the observed
     time derivatives, matched at the fit's states with the weight ``derivative_weight`` (see the
     module docstring), at ``derivative_points`` random points of the batch's (None: all).
+    ``derivative_warmup=k``: in training mode the weight rises linearly from 1 to
+    ``derivative_weight`` over the first k loss evaluations (the state solve's with it; the
+    count is the buffer ``loss_calls``); evaluation mode takes ``derivative_weight``.
     ``layout``: as the losses' (:func:`~torchgeo_int.nn.losses.check_layout`): ``None`` refuses
     data that look time-first, ``"time_first"`` takes ``(T, B, n)`` as
     :func:`~torchgeo_int.rollout` returns it, ``"windows"`` skips the check.
@@ -132,7 +135,8 @@ class TrajectoryFit(nn.Module):
                  q0: Tensor | None = None, p0: Tensor | None = None, gauss_newton: int = 0,
                  solve_every: int = 1, layout: str | None = None,
                  derivatives: tuple[Tensor, Tensor] | None = None, derivative_weight: float = 1.0,
-                 derivative_points: int | None = None, **rollout_options):
+                 derivative_points: int | None = None, derivative_warmup: int = 0,
+                 **rollout_options):
         super().__init__()
         system = as_system(model)
         if getattr(system, "time_dependent", False):
@@ -198,14 +202,20 @@ class TrajectoryFit(nn.Module):
                                  f"got {swapped}, time-first: transpose(0, 1) them")
             check_data(q, p, dq, dp, names=("q", "p", "dq", "dp"), ndim=3)
             dq, dp = cut(dq), cut(dp)
-        elif derivative_weight != 1.0 or derivative_points is not None:
+        elif derivative_weight != 1.0 or derivative_points is not None or derivative_warmup:
             what = (f"derivative_weight = {derivative_weight}" if derivative_weight != 1.0
-                    else f"derivative_points = {derivative_points}")
+                    else f"derivative_points = {derivative_points}" if derivative_points is not None
+                    else f"derivative_warmup = {derivative_warmup}")
             raise ValueError(f"{what} applies to observed derivatives: pass derivatives=(dq, dp) with it")
         else:
             dq = dp = None
         self.derivative_points = (None if derivative_points is None
                                   else check_int(derivative_points, "derivative_points", 1))
+        self.derivative_warmup = check_int(derivative_warmup, "derivative_warmup", 0)
+        # training-mode loss evaluations so far: the warm-up's clock (saved with the module where
+        # there is a warm-up, so a resumed fit continues it)
+        self.register_buffer("loss_calls", torch.zeros((), dtype=torch.long, device=q.device),
+                             persistent=self.derivative_warmup > 0)
         self.register_buffer("dq_obs", dq, persistent=False)
         self.register_buffer("dp_obs", dp, persistent=False)
         given = (q0 is not None, p0 is not None)
@@ -334,8 +344,19 @@ class TrajectoryFit(nn.Module):
                 f = node[1] if Q.shape[0] == N else torch.cat([node[1], self._field(torch.cat([Q[N:], P[N:]], -1))])
                 fq, fp = f[:, :n], f[:, n:]
             eq, ep = fq - dQ, fp - dP
-            loss = loss + self.derivative_weight * 0.5 * ((eq * eq).mean() + (ep * ep).mean())
+            loss = loss + self._derivative_weight_now() * 0.5 * ((eq * eq).mean() + (ep * ep).mean())
+        if self.training:
+            self.loss_calls += 1
         return loss
+
+    def _derivative_weight_now(self) -> float:
+        """The derivative weight of this loss evaluation: ``derivative_weight``, or during a
+        warm-up (training mode, the first ``derivative_warmup`` evaluations) the linear ramp
+        from 1 to it."""
+        k, w = self.derivative_warmup, self.derivative_weight
+        if not (k and self.training):
+            return w
+        return 1.0 + (w - 1.0) * min(1.0, int(self.loss_calls) / k)
 
     def _roll(self, q: Tensor, p: Tensor, force: Tensor | None = None, stepper=None):
         """Φ^{(j)}(q, p), j = 0..segment: the segment rollout of the loss, the solve and the
@@ -459,7 +480,7 @@ class TrajectoryFit(nn.Module):
             dobs = torch.cat([self.dq_obs[index], self.dp_obs[index]], -1).transpose(0, 1)
             # the full loss's weight of a derivative residual against a data residual's a: its
             # mean runs over S·segment + 1 points a trajectory, the data's over S·(segment + 1)
-            derivs = dobs, self._derivative_parts(index), S / (S * self.segment + 1) * self.derivative_weight
+            derivs = dobs, self._derivative_parts(index), S / (S * self.segment + 1) * self._derivative_weight_now()
 
         def objective(F, z, fields=None):      # ℓ per node from its rollout F (and X_H there)
             val = a * ((F - obs) ** 2).sum((0, 2))
