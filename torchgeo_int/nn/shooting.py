@@ -46,7 +46,10 @@ pendulum trajectories, exact derivatives) w_d = 10 beat 1 on five of six data dr
 energy error 4× lower on the study's), while from 30 on the fit broke (the state solve, which
 weighs the derivative residuals alike, moves the states to where the model's field matches the
 targets rather than the data); on spring 1 and 0.3 traded places from draw to draw; and with a
-two-coefficient model of the true H any w_d > 1 tried there failed (``experiments/hnn/HISTORY.md``).
+two-coefficient model of the true pendulum H a constant w_d of 3 or 10 drove the fit into a wrong
+basin, while ``derivative_warmup=1000`` (1 → 10 over the first half of training) recovered the
+true coefficients on every noise draw tried — with the MLPs it was slightly worse than the
+constant weight (``experiments/hnn/HISTORY.md``).
 
 The loss is taken per *segment*, so :func:`~torchgeo_int.nn.fit` can batch segments:
 ``fit(tf, TrajectoryFit.loss, tf.segments, ...)``; a segment's continuity term reaches the next
