@@ -122,7 +122,6 @@ def run(tasks, *, data_seeds: int = 5, out="results", progress: bool = True, ste
     replacing any run again.  ``shooting``: settings over each task's ``run.SHOOTING``
     (e.g. ``{"derivative_warmup": 1000}``)."""
     arms = checked_arms(arms)
-    shooting_over = shooting
     out = Path(out)
     previous = None
     if merge:
@@ -140,12 +139,12 @@ def run(tasks, *, data_seeds: int = 5, out="results", progress: bool = True, ste
         cfg = CONFIG[name]
         mode = cfg["full"]
         n_steps = steps or mode["steps"]
+        sh = dict(SHOOTING.get(name, {}), **(shooting or {}))
         rows = {k: [] for k in arms}
         checks = []
         for ds in range(data_seeds):
             task = study_task(name, ds)
-            shooting = dict(SHOOTING.get(name, {}), **(shooting_over or {}))
-            every = {a.key: a for a in make_arms(task, shooting=shooting)}
+            every = {a.key: a for a in make_arms(task, shooting=sh)}
             trained = {}
             for key in arms:
                 arm = every[key]
@@ -154,7 +153,7 @@ def run(tasks, *, data_seeds: int = 5, out="results", progress: bool = True, ste
                     try:
                         trained[source.key] = train(
                             source, task, seed=ds, steps=n_steps, batch_size=mode["batch"], lr=lr,
-                            weight_decay=0.0, progress=progress, shooting=shooting,
+                            weight_decay=0.0, progress=progress, shooting=sh,
                             lr_schedule="cosine", model=parametric_model(name))
                     except TRAINING_FAILURES as err:
                         trained[source.key] = f"training: {type(err).__name__}: {str(err)[:300]}"
@@ -169,8 +168,7 @@ def run(tasks, *, data_seeds: int = 5, out="results", progress: bool = True, ste
             if not isinstance(trained["a"], str):
                 checks.append({"data_seed": ds, "adam": coefficients(trained["a"][0]),
                                "closed_form": closed_form_derivative_matching(name, task.to(torch.float64))})
-        report["tasks"][name] = {"steps": n_steps, "batch_size": mode["batch"],
-                                 "shooting": dict(SHOOTING.get(name, {}), **(shooting_over or {})),
+        report["tasks"][name] = {"steps": n_steps, "batch_size": mode["batch"], "shooting": sh,
                                  "truth_b_a": FAMILIES[name][2], "per_seed": rows,
                                  "derivative_matching_check": checks,
                                  "summary": {k: summarize(v) for k, v in rows.items()}}
