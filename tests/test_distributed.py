@@ -49,6 +49,10 @@ def _spring_points(N=32):
     return q, p, 2 * p + noise[:, :1], -2 * q + noise[:, 1:]
 
 
+def _windows_loss(m, q, p):
+    return rollout_loss(m, q, p, dt=0.1, layout="windows")   # (random windows: no axis looks like time)
+
+
 def _hnn_windows(N=16, k=3):
     g = torch.Generator().manual_seed(3)
     q = torch.randn(N, k + 1, 1, generator=g, dtype=torch.float64)
@@ -80,7 +84,7 @@ def _worker(rank, port, out_dir):
     try:
         for key, cls, loss_fn, data in (
                 ("derivative", HNN, derivative_loss, _spring_points()),
-                ("rollout", SeparableHNN, lambda m, q, p: rollout_loss(m, q, p, dt=0.1), _hnn_windows())):
+                ("rollout", SeparableHNN, _windows_loss, _hnn_windows())):
             model = _model(cls)
             module, loss = wrap(model, loss_fn)
             ckpt = os.path.join(out_dir, f"{key}.pt")
@@ -137,7 +141,7 @@ def test_ddp_fit_equals_single_process_on_the_global_batch(two_ranks, key):
     if key == "derivative":
         ref, ref_hist = _single_process(HNN, derivative_loss, _spring_points())
     else:
-        ref, ref_hist = _single_process(SeparableHNN, lambda m, q, p: rollout_loss(m, q, p, dt=0.1),
+        ref, ref_hist = _single_process(SeparableHNN, _windows_loss,
                                         _hnn_windows())
     init = _model(HNN if key == "derivative" else SeparableHNN).state_dict()
     for r in range(WORLD):

@@ -267,7 +267,7 @@ def test_torchdiffeq_master_runs_our_side_and_says_why_not_theirs(tmp_path, caps
     folder without the torchdiffeq package is refused before any child starts."""
     from experiments.bench import torchdiffeq_master
 
-    data = torchdiffeq_master.main(["--batches", "2", "--steps", "3", "--out", str(tmp_path), *QUIET])
+    data = torchdiffeq_master.main(["--batches", "2", "--steps", "8", "--out", str(tmp_path), *QUIET])
     assert torchdiffeq_master.NOT_RUN in capsys.readouterr().err
     saved = _load(tmp_path, "torchdiffeq_master")
     assert saved["torchdiffeq_master"] is None and saved["agreement"] == []

@@ -59,12 +59,13 @@ def test_a_loss_without_control_keeps_the_models_control():
     input map and no control at all is refused with the reason."""
     m = _model(n_controls=1)
     q, p = torch.randn(3, 4, 2, dtype=DT), torch.randn(3, 4, 2, dtype=DT)
+    w = dict(dt=0.1, layout="windows")      # (random windows: no axis looks like time)
     with pytest.raises(ValueError, match="an input map was given but no control"):
-        forced_rollout_loss(m, q, p, dt=0.1)
+        forced_rollout_loss(m, q, p, **w)
     u = torch.tensor([0.7], dtype=DT)
-    with_u = forced_rollout_loss(m, q, p, dt=0.1, control=u)
-    assert torch.equal(forced_rollout_loss(m, q, p, dt=0.1), with_u)
-    assert not torch.equal(forced_rollout_loss(m, q, p, dt=0.1, control=-u), with_u)
+    with_u = forced_rollout_loss(m, q, p, control=u, **w)
+    assert torch.equal(forced_rollout_loss(m, q, p, **w), with_u)
+    assert not torch.equal(forced_rollout_loss(m, q, p, control=-u, **w), with_u)
 
 
 def test_training_through_forced_verlet_reduces_the_loss():
@@ -142,8 +143,8 @@ def test_forced_losses_name_a_dtype_mismatch():
     m = PortHamiltonianNN(1, width=8).float()
     q, p = torch.randn(3, 4, 1, dtype=DT), torch.randn(3, 4, 1, dtype=DT)
     with pytest.raises(TypeError, match="float32 but q is torch.float64"):
-        forced_residual_loss(m, q, p, dt=0.1)
+        forced_residual_loss(m, q, p, dt=0.1, layout="windows")   # (random windows)
     with pytest.raises(TypeError, match="float32 but q is torch.float64"):
         forced_derivative_loss(m, q, p, q, p)
     with pytest.raises(TypeError, match="float32 but q is torch.float64"):
-        forced_rollout_loss(m, q, p, dt=0.1)
+        forced_rollout_loss(m, q, p, dt=0.1, layout="windows")

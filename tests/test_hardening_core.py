@@ -236,7 +236,7 @@ def test_partitioned_odeint_checks_func_after_its_first_calls():
 
 @pytest.mark.parametrize("flat", [False, True, "namedtuple"])
 def test_partitioned_odeint_calls_func_directly_and_matches_a_hand_loop(monkeypatch, flat):
-    """After one checked call per half, a separable odeint calls func without the checking
+    """After separable=True's check (one checked call per half), a separable odeint calls func without the checking
     frames (PartitionedState.direct), for y0 = (q0, p0) (func returning a tuple or a
     namedtuple) and a flat y0; func runs once per half-step, the result is a hand loop's, and
     func still gets a fresh 0-d t of y's dtype at every call."""
@@ -262,8 +262,9 @@ def test_partitioned_odeint_calls_func_directly_and_matches_a_hand_loop(monkeypa
     y0 = torch.cat([q0, p0], -1) if flat is True else (q0, p0)
     ys = tgi.odeint(f, y0, torch.tensor([0.0, n * h], dtype=DT), method="verlet",
                     options=dict(separable=True, step_size=h))
-    assert len(checked) == 2 and len(seen) == 2 * n + 1       # one checked call per half
-    assert len(framed) == 2                                   # later calls: func directly
+    # separable=True's check (func at y0 whole, then each half, checked), then func directly
+    assert len(checked) == 3 and len(seen) == 2 * n + 1 + 3
+    assert len(framed) == 3
     assert all(t.dim() == 0 and t.dtype == DT for t in seen) and len({id(t) for t in seen}) == len(seen)
     q, p = q0, p0
     for _ in range(n):

@@ -549,7 +549,9 @@ def test_metrics_refuse_a_square_pair_whose_time_axes_differ():
 
 def test_bad_data_raises_clearly():
     model = _tiny("separable")
-    q, p = torch.randn(4, 5, 1), torch.randn(4, 5, 1)
+    # trajectory-like: states change little along dim 1 (pure noise has no axis that looks like
+    # time, and is refused as such before the errors below)
+    q, p = (torch.randn(4, 1, 1) + 0.05 * torch.randn(4, 5, 1).cumsum(1) for _ in range(2))
     bad = q.clone()
     bad[1, 2, 0] = float("nan")
     with pytest.raises(ValueError, match="q contains NaN"):
@@ -563,7 +565,7 @@ def test_bad_data_raises_clearly():
     with pytest.raises(ValueError, match="dt must be a finite nonzero"):
         rollout_loss(model, q, p, dt=0.0)
     with pytest.raises(ValueError, match=r"shape \(\.\.\., 1\)"):
-        rollout_loss(model, torch.randn(4, 5, 2), torch.randn(4, 5, 2), dt=0.1)
+        rollout_loss(model, torch.randn(4, 5, 2), torch.randn(4, 5, 2), dt=0.1, layout="windows")
     with pytest.raises(ValueError, match="k must be"):
         make_windows(q, p, 0)
     with pytest.raises(ValueError, match="needs at least 6 states"):

@@ -29,6 +29,28 @@ def time_axis(q: torch.Tensor, p: torch.Tensor) -> tuple[int | None, float, floa
     return (0 if d0 < 0.25 * d1 else 1 if d1 < 0.25 * d0 else None), d0, d1
 
 
+def shifted_rows(q: torch.Tensor, p: torch.Tensor) -> bool:
+    """Whether (N, L, n) states are windows cut from trajectories in order: the first state of
+    row i + 1 is, exactly, one of the later states of row i for at least half of the rows, as
+    in what ``tgi.nn.make_windows`` returns (trajectory-major).  Such windows are sample-first
+    whatever their spacing, though their neighbours along dim 0 differ by a step in time too,
+    as much as along dim 1 (one host sync)."""
+    with torch.no_grad():
+        x = torch.cat([q, p], -1)
+        hit = (x[:-1, 1:] == x[1:, :1]).all(-1).any(-1)       # (N − 1,)
+        return bool(hit.float().mean() >= 0.5)
+
+
+def cannot_tell(who: str, shape, d0: float, d1: float, options: str) -> ValueError:
+    """The layout checks' refusal where neither axis looks like time (:func:`time_axis` gives
+    None): a rolled-out grid of initial states, or coarse sampling, looks like this either way,
+    and a guess would train on the wrong axis as often as not."""
+    return ValueError(f"{who} cannot tell which axis of q, p of shape {tuple(shape)} is time: "
+                      f"neighbours along dim 0 differ by {d0:.2e} on average, along dim 1 by "
+                      f"{d1:.2e}, within 4x of each other (a rolled-out grid of initial states, or "
+                      f"coarse sampling, looks like this either way). Say which: {options}")
+
+
 def check_own_methods(system, what: str) -> None:
     """A system whose states only its own family of methods steps (``stepped_by``: a Lie-group
     system's (g, μ)) refused by ``what`` (a method of another family, variable steps), by name:

@@ -55,7 +55,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ._validate import check_finite, check_nonzero, check_pair, check_scalar, time_axis
+from ._validate import cannot_tell, check_finite, check_nonzero, check_pair, check_scalar, time_axis
 from .integrators.registry import register
 from .integrators.variational import VariationalIntegrator
 from .lagrangian import Lagrangian, SecondOrderSystem, ConstantMatrix
@@ -334,8 +334,9 @@ def discrete_work(system: ForcedSystem, q: Tensor, p: Tensor, *, h: float, t0: f
     Returns (K, ...).  For α = ½ and H = ½pᵀM⁻¹p + V: E_{k+1} − E_k = W_k + D_k exactly (module
     docstring).  ``layout=None`` refuses (K+1, B, n) data that look sample-first — changing much
     less along dim 1 than along dim 0, (B, K+1, n) trajectories, whose "work" would be taken
-    between trajectories; ``layout="time_first"`` skips that check (an ensemble of nearby
-    trajectories)."""
+    between trajectories, and data where neither axis changes 4× less than the other and dim 1
+    no more than dim 0 (asking which); ``layout="time_first"`` skips that check (an ensemble of
+    nearby trajectories)."""
     if not isinstance(system, ForcedSystem):
         raise TypeError(f"discrete_work takes a ForcedSystem, got {type(system).__name__}")
     AlphaMap(alpha)
@@ -354,6 +355,10 @@ def discrete_work(system: ForcedSystem, q: Tensor, p: Tensor, *, h: float, t0: f
                 f"neighbours along dim 1 differ by {d1:.2e} on average, along dim 0 by {d0:.2e}. "
                 "Transpose them (q.transpose(0, 1)), or pass layout='time_first' if they are "
                 "time-first.")
+        if axis is None and d1 <= d0:
+            raise cannot_tell("discrete_work", q.shape, d0, d1,
+                              "layout='time_first' if they are (K+1, B, n) as tgi.rollout returns "
+                              "them; (B, K+1, n) trajectories: transpose(0, 1) them.")
     q0, q1, p0, p1 = q[:-1], q[1:], p[:-1], p[1:]
     if q0.shape[0] == 0:
         return q.new_zeros(q.shape[1:-1]).unsqueeze(0)[:0]

@@ -201,6 +201,10 @@ class Checkpoint(_Lean):
                             progress=progress)
         params = (list(params) if params_checked
                   else resolve_params(step, system, states, t0, h, params, step_offset))
+        if not any(x.requires_grad for x in (*states, *params)):
+            return untracked_run(step, q0, p0, params, system=system, h=h, steps=steps, t0=t0,
+                                 save_every=save_every, check_every=check_every,
+                                 step_offset=step_offset, progress=progress)
         outs = [[x.unsqueeze(0)] for x in states]
         for done in range(0, steps, segment):
             n = min(segment, steps - done)
@@ -269,9 +273,26 @@ class Reversible(_Lean):
         else:
             params = (list(params) if params_checked
                       else resolve_params(step, system, (q0, p0), t0, h, params, step_offset))
+            if not any(x.requires_grad for x in (q0, p0, *params)):
+                return untracked_run(step, q0, p0, params, system=system, h=h, steps=steps, t0=t0,
+                                     save_every=save_every, check_every=check_every,
+                                     step_offset=step_offset, progress=progress)
         spec = (step, system, h, steps, t0, save_every, check_every, reconstruction_tol, step_offset,
                 progress)
         return _Reversible.apply(spec, q0, p0, *params)
+
+
+def untracked_run(step, q0, p0, params, **loop):
+    """A lean mode's run with nothing to differentiate (no state or parameter requires grad):
+    the plain loop in the caller's grad mode, which builds no graph unless a step reads a
+    tensor that requires grad.  Such a tensor — a closure the probe step did not use, entering
+    later (a force switched on at some t) — is refused by :func:`check_tracked` at the end of
+    the run: the lean modes' backward would give it no gradient, and with nothing else
+    requiring grad there is no backward pass to find it in."""
+    res = run_loop(step, q0, p0, **loop)
+    known = [x for x in (q0, p0, *params) if x is not None]
+    check_tracked([x for x in res[:2] if x is not None], known)
+    return res
 
 
 _MODES = {"backprop": Backprop, "checkpoint": Checkpoint, "reversible": Reversible}

@@ -346,7 +346,7 @@ def geometric_odeint(func, y0, t, *, rtol, atol, method, options, event_fn):
                and "adaptive" not in options)
     state = PartitionedState(y0, options.get("split"), batch_dims, natural=natural)
     system = system_for(compile, kind, func, options, state, y0, caller,
-                         lambda: partitioned_system(func, caller, state, options))
+                         lambda: partitioned_system(func, caller, state, options, times[0]))
     why = not_reversible(integrator, system) if grad == "reversible" else None
     if why:
         raise ValueError(reversible_refusal(integrator, why))

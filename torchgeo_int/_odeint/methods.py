@@ -63,7 +63,11 @@ def resolve_method(method, y0, options):
         # the θ-method (x_{k+1} − x_k)/h = X((1−θ)x_k + θx_{k+1}): eq. (1) with AlphaMap(θ)
         if "theta" not in options:
             raise ValueError("method 'theta' needs options=dict(theta=θ) with θ in [0, 1]")
-        return "first_order", theta(options["theta"])
+        try:   # the map's own message names its parameter alpha, which the caller never passed
+            return "first_order", theta(options["theta"])
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"options['theta'] must be a number in [0, 1], got "
+                             f"{options['theta']!r}") from err
     if method in FIRST_ORDER_METHODS:
         partitioned = (isinstance(y0, tuple) and len(y0) == 2
                        or any(k in options for k in PARTITIONED_ONLY + ADAPTIVE))

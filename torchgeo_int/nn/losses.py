@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from .._validate import check_finite, check_nonzero, check_placement, time_axis
+from .._validate import (cannot_tell, check_finite, check_nonzero, check_placement, shifted_rows,
+                         time_axis)
 from ..lifts import CotangentLift
 from ..maps import DiscretizationMap, MidpointMap
 from ..rollout import as_system, rollout
@@ -75,8 +76,14 @@ def check_layout(q, p, layout, who: str):
     they do not look time-first — states that change much less between neighbours along dim 0
     (mean |Δ| < ¼ of that along dim 1) are the rows of a trajectory, and the call is refused
     naming both layouts: a rollout's output fed to a loss would otherwise train on the wrong
-    axis and converge to garbage.  Sample-first data whose samples are closer to each other
-    than consecutive states (an ensemble of nearby initial values) pass ``layout="windows"``."""
+    axis and converge to garbage.  Where neither axis changes 4× less than the other and dim 0
+    no more than dim 1 (a rolled-out grid of initial states, coarse sampling) the call is
+    refused too, asking which, unless the rows are windows cut in order from trajectories
+    (:func:`~torchgeo_int._validate.shifted_rows`: what :func:`make_windows` returns).
+    Samples that differ more than neighbours in time (a batch of windows drawn at random)
+    pass, so a time-first grid that is dense against its time step still can.
+    Sample-first data whose samples are closer to each other than consecutive states (an
+    ensemble of nearby initial values) pass ``layout="windows"``."""
     if layout not in (None, *LAYOUTS):
         raise ValueError(f"layout must be one of {LAYOUTS} or None, got {layout!r}")
     if not all(isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() == 3
@@ -95,7 +102,48 @@ def check_layout(q, p, layout, who: str):
                 f"differ by {d0:.2e} on average, along dim 1 by {d1:.2e}. Pass "
                 "layout='time_first' to use them as B trajectories of T states, transpose them "
                 "(q.transpose(0, 1)), or pass layout='windows' if they are sample-first.")
+        if axis is None and d0 <= d1 and not shifted_rows(q, p):
+            raise cannot_tell(who, q.shape, d0, d1,
+                              "layout='windows' if they are sample-first, (N, L, n): N windows or "
+                              "trajectories of L states along dim 1 (what tgi.nn.make_windows "
+                              "returns), or layout='time_first' if they are (T, B, n) as "
+                              "tgi.rollout returns them.")
     return q, p
+
+
+def _tangent_cosine(x: Tensor, d: Tensor, dim: int) -> float:
+    """cos of the angle between the steps of states x along ``dim`` and the mean of the
+    derivatives d at the steps' two ends, over every step (x, d of one shape): near 1 where d
+    holds x's time derivatives, near 0 where it holds other points'."""
+    n = x.shape[dim]
+    dx = x.narrow(dim, 1, n - 1) - x.narrow(dim, 0, n - 1)
+    dm = d.narrow(dim, 1, n - 1) + d.narrow(dim, 0, n - 1)
+    return float((dx * dm).sum() / (dx.norm() * dm.norm()).clamp_min(torch.finfo(x.dtype).tiny))
+
+
+def check_derivative_layout(q: Tensor, p: Tensor, dq: Tensor, dp: Tensor, who: str,
+                            time_dim: int | None = None) -> None:
+    """Derivatives of square (T == B) trajectories laid out with time on the other axis than the
+    states' are refused: their shapes agree, so they would be paired with other states without
+    an error.  The test: the states' steps along time are tangent to the derivatives that
+    belong to them (:func:`_tangent_cosine`), so a transpose that is clearly more tangent
+    (cos > 0.3 and 3× the given pairing's) means the given one is wrong.  ``time_dim``: the
+    states' time axis where known (else the better of dims 0 and 1).  Three or more states;
+    one host sync per cosine."""
+    if not (q.dim() == 3 and q.shape[0] == q.shape[1] >= 3 and dq.shape == q.shape
+            and dp.shape == p.shape):
+        return
+    with torch.no_grad():
+        x, d = torch.cat([q, p], -1), torch.cat([dq, dp], -1)
+        dims = (0, 1) if time_dim is None else (time_dim,)
+        given = max(_tangent_cosine(x, d, k) for k in dims)
+        swapped = max(_tangent_cosine(x, d.transpose(0, 1), k) for k in dims)
+    if swapped > max(0.3, 3 * given):
+        raise ValueError(f"{who}: the derivatives dq, dp look transposed against the states q, p "
+                         f"(time on the other axis; with T == B = {q.shape[0]} their shapes agree): "
+                         f"the states' steps are tangent to the transposed derivatives (cos "
+                         f"{swapped:.2f}) and not to the given ones (cos {given:.2f}). Give both "
+                         "in one layout: transpose(0, 1) the derivatives")
 
 
 def _autonomous(model, data="windows without their start times") -> None:
@@ -201,6 +249,7 @@ def derivative_loss(model, q: Tensor, p: Tensor, dq: Tensor, dp: Tensor) -> Tens
     system = as_system(model)
     _autonomous(system, "points without their times (the field would be read at t = 0)")
     check_data(q, p, dq, dp, names=("q", "p", "dq", "dp"))
+    check_derivative_layout(q, p, dq, dp, "derivative_loss")
     check_placement(system, q, "q")
     fq, fp = system.vector_field(q, p, 0.0)
     eq, ep = fq - dq, fp - dp
@@ -224,4 +273,4 @@ def finite_differences(q: Tensor, p: Tensor, dt: float, *, layout: str | None = 
 
 
 __all__ = ["rollout_loss", "residual_loss", "derivative_loss", "finite_differences",
-           "make_windows", "check_data", "check_layout"]
+           "make_windows", "check_data", "check_layout", "check_derivative_layout"]

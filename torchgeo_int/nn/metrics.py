@@ -67,12 +67,36 @@ def _same_layout(q_pred, p_pred, q_true, p_true, who: str) -> None:
     other shapes differ and are refused by the shape check)."""
     if q_pred.dim() == 3 and q_pred.shape[0] == q_pred.shape[1] >= 2:
         a, b = time_axis(q_pred, p_pred)[0], time_axis(q_true, p_true)[0]
+        if a is None or b is None:
+            # neither axis looks like time on one side: where the prediction starts from the
+            # truth's initial states (a rollout from them), those states say the layouts
+            a, b = _start_layouts(q_pred, p_pred, q_true, p_true)
         if a is not None and b is not None and a != b:
             side = ("the prediction", "the truth") if a == 0 else ("the truth", "the prediction")
             raise ValueError(f"{who}: {side[0]} looks time-first, (T, B, n) as tgi.rollout returns it, "
                              f"and {side[1]} sample-first, (B, T, n); with T == B = {q_pred.shape[0]} "
                              "their shapes agree and the metric would pair different states: "
                              "transpose(0, 1) one of them (tgi.nn.predict returns sample-first)")
+
+
+def _start_layouts(q_pred, p_pred, q_true, p_true):
+    """(time axis of the prediction, of the truth) where the prediction's initial states equal
+    the truth's (to √eps of their size) in one pairing of the time axes and not in the other
+    (``x[0]`` time-first, ``x[:, 0]`` sample-first); (None, None) where that does not decide."""
+    with torch.no_grad():
+        x, y = torch.cat([q_pred, p_pred], -1), torch.cat([q_true, p_true], -1)
+        tol = torch.finfo(x.dtype).eps ** 0.5 * max(1.0, float(y.abs().max()))
+
+        def same(u, v):
+            return bool(((u - v).abs() <= tol).all())
+        alike = same(x[:, 0], y[:, 0]) or same(x[0], y[0])
+        if alike:
+            return None, None
+        if same(x[0], y[:, 0]):
+            return 0, 1
+        if same(x[:, 0], y[0]):
+            return 1, 0
+    return None, None
 
 
 def state_mse(q_pred: Tensor, p_pred: Tensor, q_true: Tensor, p_true: Tensor) -> Tensor:

@@ -80,6 +80,8 @@ and then at every k-th only: the states, once near their solution, move slowly w
 """
 from __future__ import annotations
 
+import difflib
+import inspect
 
 import torch
 from torch import nn
@@ -90,7 +92,7 @@ from ..integrators import get_method
 from ..integrators.base import SplittingStepper
 from ..rollout import as_system, rollout
 from ..solve import solve
-from .losses import check_data, check_layout
+from .losses import check_data, check_derivative_layout, check_layout
 from .optim import LazyAdam
 
 Tensor = torch.Tensor
@@ -161,9 +163,17 @@ class TrajectoryFit(nn.Module):
             raise ValueError(f"TrajectoryFit sets {own} itself (dt / substeps, the grid, from t = 0); "
                              "its rollout_options are check_every, compile, progress, grad and the "
                              "grad mode's options")
-        grad_mode(rollout_options.get("grad", "backprop"),
-                  **{k: v for k, v in rollout_options.items()
-                     if k not in ("grad", "check_every", "compile", "progress")})
+        try:
+            grad_mode(rollout_options.get("grad", "backprop"),
+                      **{k: v for k, v in rollout_options.items()
+                         if k not in ("grad", "check_every", "compile", "progress")})
+        except ValueError as err:     # most often a misspelled argument of TrajectoryFit's own
+            own_args = list(inspect.signature(TrajectoryFit.__init__).parameters)[4:-1]
+            near = {k: difflib.get_close_matches(k, own_args, 1) for k in rollout_options}
+            hint = "; ".join(f"{k!r}: did you mean {m[0]!r}?" for k, m in near.items() if m)
+            raise ValueError(f"TrajectoryFit: {err}. Keywords that are not TrajectoryFit's own "
+                             f"({', '.join(own_args)}) go to the rollout"
+                             + (f" ({hint})" if hint else "")) from None
         if "check_every" in rollout_options:       # (also read by the path that hands in the first force)
             check_int(rollout_options["check_every"], "check_every", 1)
         self.rollout_options = rollout_options
@@ -204,6 +214,7 @@ class TrajectoryFit(nn.Module):
                 raise ValueError(f"derivatives must have the states' layout, (B, T, n) = {tuple(q.shape)}; "
                                  f"got {swapped}, time-first: transpose(0, 1) them")
             check_data(q, p, dq, dp, names=("q", "p", "dq", "dp"), ndim=3)
+            check_derivative_layout(q, p, dq, dp, "TrajectoryFit", time_dim=1)   # (the square case)
             dq, dp = cut(dq), cut(dp)
         elif derivative_weight != 1.0 or derivative_points is not None or derivative_warmup:
             what = (f"derivative_weight = {derivative_weight}" if derivative_weight != 1.0

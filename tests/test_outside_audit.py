@@ -1,0 +1,162 @@
+"""An outside newcomer audit (2026-12-07) found six ways bad input gave garbage or a confusing
+error; each is refused clearly now, and the good input beside it still runs."""
+from collections import namedtuple
+
+import pytest
+import torch
+
+import torchgeo_int as tgi
+
+DT = torch.float64
+PENDULUM = tgi.SeparableHamiltonian(lambda p: 0.5 * (p ** 2).sum(-1), lambda q: (1 - q.cos()).sum(-1))
+OSCILLATOR = tgi.SeparableHamiltonian(lambda p: 0.5 * (p ** 2).sum(-1), lambda q: 0.5 * (q ** 2).sum(-1))
+
+
+def _grid_rollout():
+    """A rolled-out grid of initial angles, (41, 32, 1) time-first: neighbours along both axes
+    differ alike (4.4e-2 in time, 6.0e-2 across the grid), so neither looks like time."""
+    q0 = torch.linspace(-1.5, 1.5, 32, dtype=DT)[:, None]
+    return tgi.rollout(PENDULUM, q0, torch.zeros_like(q0), h=0.1, steps=40)
+
+
+@pytest.mark.parametrize("call", ["make_windows", "rollout_loss", "energy_drift", "TrajectoryFit",
+                                  "finite_differences"])
+def test_a_rolled_out_grid_of_initial_states_is_refused_without_a_layout(call):
+    q, p = _grid_rollout()
+    run = {"make_windows": lambda **kw: tgi.nn.make_windows(q, p, 5, **kw),
+           "rollout_loss": lambda **kw: tgi.nn.rollout_loss(PENDULUM, q, p, dt=0.1, **kw),
+           "energy_drift": lambda **kw: tgi.nn.energy_drift(PENDULUM, q, p, **kw),
+           "TrajectoryFit": lambda **kw: tgi.nn.TrajectoryFit(tgi.nn.SeparableHNN(1).double(), q, p,
+                                                              dt=0.1, segment=1, **kw),
+           "finite_differences": lambda **kw: tgi.nn.finite_differences(q, p, 0.1, **kw)}[call]
+    with pytest.raises(ValueError, match="cannot tell which axis .* layout='time_first'"):
+        run()
+    run(layout="time_first")       # said: it runs
+
+
+def test_the_true_h_has_no_loss_once_the_layout_is_said_and_ordered_windows_pass():
+    q, p = _grid_rollout()
+    qw, pw = tgi.nn.make_windows(q, p, 5, layout="time_first")
+    # ordered windows: their neighbours along dim 0 are a step apart in time too, as along dim 1;
+    # the rows being shifted copies of each other says they are windows
+    assert tgi.nn.rollout_loss(PENDULUM, qw, pw, dt=0.1) < 1e-25
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randperm(qw.shape[0], generator=g)[:64]
+    assert tgi.nn.rollout_loss(PENDULUM, qw[idx], pw[idx], dt=0.1) < 1e-25   # a random batch
+    assert tgi.nn.energy_drift(PENDULUM, q, p, layout="time_first") < 1e-2
+
+
+def test_discrete_work_refuses_sample_first_data_where_neither_axis_looks_like_time():
+    from torchgeo_int.forced import ForcedSystem, discrete_work
+    system = ForcedSystem(OSCILLATOR, damping=0.1)
+    torch.manual_seed(0)
+    q, p = tgi.rollout(system, torch.randn(11, 1, dtype=DT), torch.randn(11, 1, dtype=DT), h=0.5,
+                       steps=10)   # (11, 11, 1): coarse sampling, neither axis looks like time
+    assert discrete_work(system, q, p, h=0.5).shape == (10, 11)   # time changes less: taken
+    with pytest.raises(ValueError, match="discrete_work cannot tell"):
+        discrete_work(system, q.transpose(0, 1), p.transpose(0, 1), h=0.5)
+    discrete_work(system, q.transpose(0, 1), p.transpose(0, 1), h=0.5, layout="time_first")
+
+
+def test_a_square_pair_with_time_on_different_axes_is_refused_by_its_initial_states():
+    torch.manual_seed(0)
+    q, p = tgi.rollout(OSCILLATOR, torch.randn(11, 1, dtype=DT), torch.randn(11, 1, dtype=DT),
+                       h=0.5, steps=10)            # (11, 11, 1), coarse: no axis looks like time
+    qt, pt = q.transpose(0, 1), p.transpose(0, 1)
+    for pred, true in (((q, p), (qt, pt)), ((qt, pt), (q, p))):
+        with pytest.raises(ValueError, match="T == B = 11"):
+            tgi.nn.state_mse(*pred, *true)
+        with pytest.raises(ValueError, match="T == B = 11"):
+            tgi.nn.energy_mse(OSCILLATOR, *pred, *true)
+    assert tgi.nn.state_mse(q, p, q, p) == 0 and tgi.nn.state_mse(qt, pt, qt, pt) == 0
+    # a prediction from other initial states (noisy, estimated) says nothing: not refused
+    noisy = qt + 0.1 * torch.randn_like(qt)
+    assert tgi.nn.state_mse(noisy, pt, qt, pt) > 0
+
+
+def test_transposed_derivatives_are_refused_where_their_shape_agrees():
+    q, p = tgi.rollout(PENDULUM, torch.randn(9, 1, dtype=DT), torch.randn(9, 1, dtype=DT),
+                       h=0.1, steps=8)                                  # (9, 9, 1) time-first
+    dq, dp = PENDULUM.vector_field(q, p, 0.0)
+    qs, ps, dqs, dps = (x.transpose(0, 1) for x in (q, p, dq, dp))       # all sample-first
+    model = tgi.nn.SeparableHNN(1, width=8).double()
+    with pytest.raises(ValueError, match="TrajectoryFit: the derivatives dq, dp look transposed"):
+        tgi.nn.TrajectoryFit(model, qs, ps, dt=0.1, derivatives=(dq, dp))
+    with pytest.raises(ValueError, match="derivative_loss: the derivatives dq, dp look transposed"):
+        tgi.nn.derivative_loss(PENDULUM, qs, ps, dq, dp)
+    assert tgi.nn.TrajectoryFit(PENDULUM, qs, ps, dt=0.1, derivatives=(dqs, dps)).eval()() < 1e-25
+    assert tgi.nn.derivative_loss(PENDULUM, qs, ps, dqs, dps) < 1e-25
+    assert tgi.nn.derivative_loss(PENDULUM, q, p, dq, dp) < 1e-25      # time-first, both
+    # noisy derivatives of the right layout are not mistaken for transposed ones
+    g = torch.Generator().manual_seed(1)
+    noisy = [x + 0.3 * torch.randn(x.shape, generator=g, dtype=DT) for x in (dqs, dps)]
+    tgi.nn.TrajectoryFit(model, qs, ps, dt=0.1, derivatives=noisy)
+
+
+@pytest.mark.parametrize("mode", ["checkpoint", "reversible"])
+def test_a_closure_tensor_first_used_after_the_probe_step_is_refused_in_lean_modes(mode):
+    k = torch.tensor(0.5, dtype=DT, requires_grad=True)
+
+    def f(t, y):    # k enters at t > 0.5 only: the probe step at t = 0 does not see it
+        kick = k * y[..., :1] if t > 0.5 else 0 * y[..., :1]
+        return torch.cat([y[..., 1:], -y[..., :1] - kick], -1)
+    y0, t = torch.tensor([[1.0, 0.0]], dtype=DT), torch.linspace(0, 1, 3, dtype=DT)
+    opts = dict(step_size=0.01, split=1)
+    with pytest.raises(ValueError, match="require grad but are not parameters"):
+        tgi.odeint(f, y0, t, method="verlet", options=dict(opts, grad=mode))
+    ref = torch.autograd.grad(tgi.odeint(f, y0, t, method="verlet", options=opts)[-1].sum(), k)[0]
+    y = tgi.odeint(f, y0, t, method="verlet", options=dict(opts, grad=mode, params=[k]))
+    torch.testing.assert_close(torch.autograd.grad(y[-1].sum(), k)[0], ref, rtol=1e-8, atol=0)
+    with torch.no_grad():   # nothing to differentiate: no refusal
+        tgi.odeint(f, y0, t, method="verlet", options=dict(opts, grad=mode))
+
+
+def test_separable_true_on_a_coupled_field_is_refused_and_a_separable_one_runs():
+    y0, t = torch.tensor([[1.0, 0.0]], dtype=DT), torch.linspace(0, 2, 3, dtype=DT)
+    coupled = lambda t, y: torch.stack([y[..., 1] + 0.5 * y[..., 0], -y[..., 0] - 0.5 * y[..., 1]], -1)  # noqa: E731
+    with pytest.raises(ValueError, match=r"dq/dt with q set to 0 differs .* by 0\.5"):
+        tgi.odeint(coupled, y0, t, method="verlet", options=dict(step_size=0.01, separable=True))
+    H = lambda q, p: 0.5 * (p ** 2 + q ** 2).sum(-1) + 0.5 * (q * p).sum(-1)   # noqa: E731
+    with pytest.raises(ValueError, match="options\\['hamiltonian'\\] at t0 and y0 breaks it"):
+        tgi.odeint(None, (y0[:, :1], y0[:, 1:]), t, method="verlet",
+                   options=dict(step_size=0.01, separable=True, hamiltonian=H))
+    ys = tgi.odeint(coupled, y0, t, method="verlet", options=dict(step_size=0.01))   # not promised
+    assert torch.isfinite(ys).all()
+    # Kepler: separable, and singular at q = 0 (the check's zero halves give inf in the
+    # discarded part): it runs
+    kepler = lambda t, y: torch.cat([y[..., 2:], -y[..., :2] / y[..., :2].norm(dim=-1, keepdim=True) ** 3], -1)  # noqa: E731
+    y0 = torch.tensor([[1.0, 0.0, 0.0, 1.0]], dtype=DT)
+    ys = tgi.odeint(kepler, y0, t, method="verlet", options=dict(step_size=0.01, separable=True))
+    assert (ys[-1, 0, :2].norm() - 1).abs() < 1e-3
+
+
+def test_odeint_names_a_hamiltonian_module_in_another_dtype():
+    hnn = tgi.nn.HNN(dim=1).float()
+    q0 = torch.randn(3, 1, dtype=DT)
+    with pytest.raises(TypeError, match="parameters are torch.float32 but y0 is torch.float64"):
+        tgi.odeint(None, (q0, q0), torch.linspace(0, 1, 3, dtype=DT), method="verlet",
+                   options=dict(hamiltonian=hnn))
+
+
+def test_messages_name_what_the_user_passed():
+    q = torch.linspace(0, 1, 9, dtype=DT)[None, :, None].repeat(3, 1, 1)
+    with pytest.raises(ValueError, match="'gaus_newton': did you mean 'gauss_newton'"):
+        tgi.nn.TrajectoryFit(tgi.nn.SeparableHNN(1).double(), q, torch.ones_like(q), dt=0.1, gaus_newton=1)
+    with pytest.raises(ValueError, match=r"options\['theta'\] must be a number in \[0, 1\], got 2.0"):
+        tgi.odeint(lambda t, y: -y, torch.ones(2), torch.linspace(0, 1, 3), method="theta",
+                   options=dict(theta=2.0))
+
+
+def test_a_namedtuple_field_runs_through_implicit_steps_in_grad_mode():
+    """func sees grad mode on inside the solvers' no-grad iterations (its inputs detached and
+    requiring grad), and its outputs are detached again there: a namedtuple output was rebuilt
+    as a tuple is (from one iterable) and failed."""
+    Pair = namedtuple("Pair", "dq dp")
+    k = torch.tensor(1.3, dtype=DT, requires_grad=True)
+    q0, p0 = torch.tensor([[1.0]], dtype=DT), torch.tensor([[0.0]], dtype=DT)
+    q, p = tgi.odeint(lambda t, y: Pair(y[1], -k * y[0]), (q0, p0), torch.linspace(0, 1, 3, dtype=DT),
+                      method="implicit_midpoint", options=dict(step_size=0.1))
+    ref_q, ref_p = tgi.odeint(lambda t, y: (y[1], -k * y[0]), (q0, p0),
+                              torch.linspace(0, 1, 3, dtype=DT), method="implicit_midpoint",
+                              options=dict(step_size=0.1))
+    assert torch.equal(q, ref_q) and torch.equal(p, ref_p) and p.requires_grad
