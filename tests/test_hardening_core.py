@@ -262,9 +262,10 @@ def test_partitioned_odeint_calls_func_directly_and_matches_a_hand_loop(monkeypa
     y0 = torch.cat([q0, p0], -1) if flat is True else (q0, p0)
     ys = tgi.odeint(f, y0, torch.tensor([0.0, n * h], dtype=DT), method="verlet",
                     options=dict(separable=True, step_size=h))
-    # separable=True's check (func at y0 whole, then each half, checked), then func directly
-    assert len(checked) == 3 and len(seen) == 2 * n + 1 + 3
-    assert len(framed) == 3
+    # separable=True's check (seven calls: three of func whole and the first of each half
+    # checked, the second of each half direct), then func directly
+    assert len(checked) == 5 and len(seen) == 2 * n + 1 + 7
+    assert len(framed) == 5
     assert all(t.dim() == 0 and t.dtype == DT for t in seen) and len({id(t) for t in seen}) == len(seen)
     q, p = q0, p0
     for _ in range(n):

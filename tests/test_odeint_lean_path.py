@@ -73,11 +73,12 @@ def test_func_sees_each_time_as_a_fresh_0d_tensor_of_the_state_dtype(dtype):
     times = torch.tensor([0.25, 0.45], dtype=dtype)
     ys = tgi.odeint(flat, y0, times, method="verlet",
                     options=dict(separable=True, step_size=0.1, split=2))
-    # separable=True's check at t0 (func at y0, then each half with the other set to 0), then
-    # verlet's two steps: kicks at the steps' ends (FSAL), drifts at their midpoints
+    # separable=True's check at t0 (seven calls: the field whole and each half at two points,
+    # and once more whole), then verlet's two steps: kicks at the steps' ends (FSAL), drifts at
+    # their midpoints
     a, b = times.tolist()
     h = (b - a) / 2
-    expect = [a] * 3 + [a, a + 0.5 * h, a + h, (a + h) + 0.5 * h, (a + h) + h]
+    expect = [a] * 7 + [a, a + 0.5 * h, a + h, (a + h) + 0.5 * h, (a + h) + h]
     assert [float(t) for t in seen] == [float(torch.tensor(x, dtype=dtype)) for x in expect]
     assert all(t.dim() == 0 and t.dtype == dtype and not t.requires_grad for t in seen)
     assert len({id(t) for t in seen}) == len(seen)                  # never one buffer rewritten
@@ -102,7 +103,7 @@ def test_times_from_the_pool_keep_their_values_across_refills(monkeypatch, dtype
     ys = tgi.odeint(flat, y0, torch.tensor([0.0, n * h], dtype=dtype), method="verlet",
                     options=dict(separable=True, step_size=h))
     hh = float(torch.tensor(n * h, dtype=dtype)) / n     # odeint's step from t's values
-    expect, q, p, t = [0.0] * 4, y0[..., :2], y0[..., 2:], 0.0   # (3: separable=True's check)
+    expect, q, p, t = [0.0] * 8, y0[..., :2], y0[..., 2:], 0.0   # (7: separable=True's check)
     force = lambda q, t: -(1 + 0.1 * torch.tensor(t, dtype=dtype)) * q   # noqa: E731
     for j in range(n):
         t = j * hh
@@ -111,7 +112,7 @@ def test_times_from_the_pool_keep_their_values_across_refills(monkeypatch, dtype
         q = q + hh * p
         expect.append(t + hh)
         p = p + 0.5 * hh * force(q, t + hh)
-    assert len(seen) == 2 * n + 4 > 5 * st.TimePool.SIZE
+    assert len(seen) == 2 * n + 8 > 5 * st.TimePool.SIZE
     assert [float(x) for x in seen] == [float(torch.tensor(x, dtype=dtype)) for x in expect]
     assert len({id(x) for x in seen}) == len(seen)
     torch.testing.assert_close(ys[-1], torch.cat([q, p], -1), rtol=0,
@@ -132,8 +133,8 @@ def test_the_reused_zero_half_stays_zero_and_grads_flow():
     q, p = tgi.odeint(pair, (q0, p0), torch.tensor([0.0, 0.05]), method="verlet",
                       options=dict(separable=True, step_size=H))
     zeros = [h for qp in halves for h in qp if not bool(h.any())]
-    # every call but separable=True's check at y0 has one zero half: zero q or zero p
-    assert len(zeros) == len(halves) - 1 and len({id(z) for z in zeros}) == 2
+    # every call but separable=True's three of the field whole has one zero half: zero q or zero p
+    assert len(zeros) == len(halves) - 3 and len({id(z) for z in zeros}) == 2
     assert all(not bool(z.any()) and not z.requires_grad for z in zeros)
     (g,) = torch.autograd.grad(p[-1].sum(), k)
     q1, p1 = tgi.odeint(pair, (q0, p0), torch.tensor([0.0, 0.05]), method="verlet",

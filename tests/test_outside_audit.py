@@ -1,5 +1,8 @@
 """An outside newcomer audit (2026-12-07) found six ways bad input gave garbage or a confusing
-error; each is refused clearly now, and the good input beside it still runs."""
+error; each is refused clearly now, and the good input beside it still runs — including what a
+review of the first fixes found them refusing or missing (a fit stopped part-way by a batch,
+a frozen torchdiffeq-style HNN in a lean mode, a coupled field started at rest, dropout, the
+check's cost on every call, random points)."""
 from collections import namedtuple
 
 import pytest
@@ -19,12 +22,12 @@ def _grid_rollout():
     return tgi.rollout(PENDULUM, q0, torch.zeros_like(q0), h=0.1, steps=40)
 
 
-@pytest.mark.parametrize("call", ["make_windows", "rollout_loss", "energy_drift", "TrajectoryFit",
+@pytest.mark.parametrize("call", ["make_windows", "rollout_mse", "energy_drift", "TrajectoryFit",
                                   "finite_differences"])
 def test_a_rolled_out_grid_of_initial_states_is_refused_without_a_layout(call):
     q, p = _grid_rollout()
     run = {"make_windows": lambda **kw: tgi.nn.make_windows(q, p, 5, **kw),
-           "rollout_loss": lambda **kw: tgi.nn.rollout_loss(PENDULUM, q, p, dt=0.1, **kw),
+           "rollout_mse": lambda **kw: tgi.nn.rollout_mse(PENDULUM, q, p, dt=0.1, **kw),
            "energy_drift": lambda **kw: tgi.nn.energy_drift(PENDULUM, q, p, **kw),
            "TrajectoryFit": lambda **kw: tgi.nn.TrajectoryFit(tgi.nn.SeparableHNN(1).double(), q, p,
                                                               dt=0.1, segment=1, **kw),
@@ -32,6 +35,32 @@ def test_a_rolled_out_grid_of_initial_states_is_refused_without_a_layout(call):
     with pytest.raises(ValueError, match="cannot tell which axis .* layout='time_first'"):
         run()
     run(layout="time_first")       # said: it runs
+
+
+def test_a_fit_on_coarse_small_batches_is_never_stopped_by_the_layout_check():
+    """The losses judge a batch's layout only from MIN_ROWS rows, and refuse only data that look
+    time-first: a random batch of coarsely sampled windows is often ambiguous (the whole-data
+    check would refuse 2-26 % of them, found stopping a fit at its 186th step)."""
+    torch.manual_seed(0)
+    q, p = tgi.rollout(PENDULUM, torch.randn(32, 1, dtype=DT), torch.randn(32, 1, dtype=DT), h=1.0,
+                       steps=60)
+    qw, pw = tgi.nn.make_windows(q, p, 5, layout="time_first")
+    g = torch.Generator().manual_seed(0)
+    for batch in (2, 4, 8, 32):
+        for _ in range(50):
+            idx = torch.randperm(qw.shape[0], generator=g)[:batch]
+            tgi.nn.rollout_loss(PENDULUM, qw[idx], pw[idx], dt=1.0)
+    with pytest.raises(ValueError, match="look time-first"):     # a rollout's output: still refused
+        tgi.nn.rollout_loss(PENDULUM, q, p, dt=1.0)
+
+
+def test_an_ensemble_of_nearby_initial_states_is_refused_at_construction_naming_the_fix():
+    q0 = 1 + 0.03 * torch.randn(16, 1, generator=torch.Generator().manual_seed(0), dtype=DT)
+    q, p = tgi.rollout(OSCILLATOR, q0, torch.zeros_like(q0), h=0.1, steps=49)
+    q, p = q.transpose(0, 1), p.transpose(0, 1)                       # (16, 50, 1) sample-first
+    with pytest.raises(ValueError, match="ensemble of nearby ones.*layout='windows'"):
+        tgi.nn.TrajectoryFit(OSCILLATOR, q, p, dt=0.1)
+    assert tgi.nn.TrajectoryFit(OSCILLATOR, q, p, dt=0.1, layout="windows").eval()() < 1e-25
 
 
 def test_the_true_h_has_no_loss_once_the_layout_is_said_and_ordered_windows_pass():
@@ -91,6 +120,11 @@ def test_transposed_derivatives_are_refused_where_their_shape_agrees():
     g = torch.Generator().manual_seed(1)
     noisy = [x + 0.3 * torch.randn(x.shape, generator=g, dtype=DT) for x in (dqs, dps)]
     tgi.nn.TrajectoryFit(model, qs, ps, dt=0.1, derivatives=noisy)
+    # nor are random points, which are no trajectories (6 of 200 (3, 3, 1) draws were refused
+    # before the 4/√terms floor)
+    for _ in range(200):
+        pts = [torch.randn(3, 3, 1, generator=g, dtype=DT) for _ in range(2)]
+        tgi.nn.derivative_loss(OSCILLATOR, *pts, *OSCILLATOR.vector_field(*pts, 0.0))
 
 
 @pytest.mark.parametrize("mode", ["checkpoint", "reversible"])
@@ -111,17 +145,44 @@ def test_a_closure_tensor_first_used_after_the_probe_step_is_refused_in_lean_mod
         tgi.odeint(f, y0, t, method="verlet", options=dict(opts, grad=mode))
 
 
+@pytest.mark.parametrize("mode", ["checkpoint", "reversible"])
+def test_a_frozen_torchdiffeq_style_hnn_runs_in_lean_modes(mode):
+    """func takes dH/dy by autograd on its own input (torchdiffeq issue #154's way), its weights
+    frozen, nothing requiring grad: the lean modes run it as backprop does (the probe that looks
+    for closures sees its input as the state, not as a stray tensor)."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    net = net.double().requires_grad_(False)
+
+    def f(t, y):
+        with torch.enable_grad():
+            y = y if y.requires_grad else y.requires_grad_()
+            dH = torch.autograd.grad(net(y).sum(), y, create_graph=True)[0]
+        return torch.cat([dH[..., 1:], -dH[..., :1]], -1)
+    y0, t = torch.randn(4, 2, dtype=DT), torch.linspace(0, 1, 3, dtype=DT)
+    opts = dict(step_size=0.1, split=1)
+    ref = tgi.odeint(f, y0, t, method="verlet", options=opts)
+    torch.testing.assert_close(tgi.odeint(f, y0, t, method="verlet", options=dict(opts, grad=mode)),
+                               ref.detach(), rtol=0, atol=1e-12)
+
+
 def test_separable_true_on_a_coupled_field_is_refused_and_a_separable_one_runs():
     y0, t = torch.tensor([[1.0, 0.0]], dtype=DT), torch.linspace(0, 2, 3, dtype=DT)
     coupled = lambda t, y: torch.stack([y[..., 1] + 0.5 * y[..., 0], -y[..., 0] - 0.5 * y[..., 1]], -1)  # noqa: E731
     with pytest.raises(ValueError, match=r"dq/dt with q set to 0 differs .* by 0\.5"):
         tgi.odeint(coupled, y0, t, method="verlet", options=dict(step_size=0.01, separable=True))
     H = lambda q, p: 0.5 * (p ** 2 + q ** 2).sum(-1) + 0.5 * (q * p).sum(-1)   # noqa: E731
-    with pytest.raises(ValueError, match="options\\['hamiltonian'\\] at t0 and y0 breaks it"):
+    with pytest.raises(ValueError, match="options\\['hamiltonian'\\] at t0 breaks it: at y0,"):
         tgi.odeint(None, (y0[:, :1], y0[:, 1:]), t, method="verlet",
                    options=dict(step_size=0.01, separable=True, hamiltonian=H))
     ys = tgi.odeint(coupled, y0, t, method="verlet", options=dict(step_size=0.01))   # not promised
     assert torch.isfinite(ys).all()
+    # a coupling that vanishes at y0 (a position-dependent mass, started at rest) shows at the
+    # shifted point
+    rest = lambda t, y: (y[1] * (1 + y[0] ** 2), -y[0] - 0.5 * y[1] ** 2 * y[0])   # noqa: E731
+    with pytest.raises(ValueError, match=r"at y0 shifted by \(1 \+ \|y0\|\)/8"):
+        tgi.odeint(rest, (torch.ones(1, 1, dtype=DT), torch.zeros(1, 1, dtype=DT)), t,
+                   method="verlet", options=dict(step_size=0.01, separable=True))
     # Kepler: separable, and singular at q = 0 (the check's zero halves give inf in the
     # discarded part): it runs
     kepler = lambda t, y: torch.cat([y[..., 2:], -y[..., :2] / y[..., :2].norm(dim=-1, keepdim=True) ** 3], -1)  # noqa: E731
@@ -160,3 +221,38 @@ def test_a_namedtuple_field_runs_through_implicit_steps_in_grad_mode():
                               torch.linspace(0, 1, 3, dtype=DT), method="implicit_midpoint",
                               options=dict(step_size=0.1))
     assert torch.equal(q, ref_q) and torch.equal(p, ref_p) and p.requires_grad
+
+
+def test_the_separable_check_runs_once_per_field_and_lets_dropout_through():
+    class F(torch.nn.Module):
+        def __init__(self, p=0.0):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+            self.drop, self.nfe = torch.nn.Dropout(p), 0
+
+        def forward(self, t, y):
+            self.nfe += 1
+            return self.drop(self.a(y[1])), self.b(y[0])
+    f = F().double()
+    y0 = (torch.randn(8, 4, dtype=DT), torch.randn(8, 4, dtype=DT))
+    t, opts = torch.tensor([0.0, 1.0], dtype=DT), dict(step_size=0.2, separable=True)
+    counts = []
+    for _ in range(3):
+        f.nfe = 0
+        tgi.odeint(f, y0, t, method="verlet", options=opts)
+        counts.append(f.nfe)
+    assert counts == [11 + 7, 11, 11]                  # 5 steps, FSAL: 11 calls; the check once
+    # a lambda made anew around the same module each call is the same field: checked once too
+    # (no_grad: in grad mode a closure's parameters, unseen at the start, make the first stretch
+    # of steps run twice, once without a graph and once with one)
+    g = F().double()
+    counts = []
+    for _ in range(2):
+        g.nfe = 0
+        with torch.no_grad():
+            tgi.odeint(lambda t, y: g(t, y), y0, t, method="verlet", options=opts)
+        counts.append(g.nfe)
+    assert counts == [18, 11]
+    # dropout in training mode: the field gives other numbers at y0 when called again, so it
+    # cannot be checked and is taken as promised (it is separable)
+    tgi.odeint(F(0.5).double().train(), y0, t, method="verlet", options=opts)

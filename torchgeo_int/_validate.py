@@ -47,8 +47,9 @@ def cannot_tell(who: str, shape, d0: float, d1: float, options: str) -> ValueErr
     and a guess would train on the wrong axis as often as not."""
     return ValueError(f"{who} cannot tell which axis of q, p of shape {tuple(shape)} is time: "
                       f"neighbours along dim 0 differ by {d0:.2e} on average, along dim 1 by "
-                      f"{d1:.2e}, within 4x of each other (a rolled-out grid of initial states, or "
-                      f"coarse sampling, looks like this either way). Say which: {options}")
+                      f"{d1:.2e}, within 4x of each other (a rolled-out grid of initial states, an "
+                      f"ensemble of nearby ones, or coarse sampling, looks like this either way). "
+                      f"Say which: {options}")
 
 
 def check_own_methods(system, what: str) -> None:

@@ -282,16 +282,22 @@ class Reversible(_Lean):
         return _Reversible.apply(spec, q0, p0, *params)
 
 
-def untracked_run(step, q0, p0, params, **loop):
+def untracked_run(step, q0, p0, params, *, system, h, steps, t0, step_offset, **loop):
     """A lean mode's run with nothing to differentiate (no state or parameter requires grad):
-    the plain loop in the caller's grad mode, which builds no graph unless a step reads a
-    tensor that requires grad.  Such a tensor — a closure the probe step did not use, entering
-    later (a force switched on at some t) — is refused by :func:`check_tracked` at the end of
-    the run: the lean modes' backward would give it no gradient, and with nothing else
-    requiring grad there is no backward pass to find it in."""
-    res = run_loop(step, q0, p0, **loop)
-    known = [x for x in (q0, p0, *params) if x is not None]
-    check_tracked([x for x in res[:2] if x is not None], known)
+    the plain loop without a graph, as the lean forward runs it, then one probe step at its
+    final state and time (:func:`resolve_params`'s, which the run's first step had).  A tensor
+    requiring grad that the steps read only after the start — a closure entering at some t, a
+    force switched on later — is refused there: the lean modes would give it no gradient, and
+    with nothing else requiring grad no backward pass runs to find it.  (A tensor read only in
+    between is not seen: pass such tensors as ``params``.)"""
+    with torch.no_grad():
+        res = run_loop(step, q0, p0, system=system, h=h, steps=steps, t0=t0,
+                       step_offset=step_offset, **loop)
+    if steps:
+        # (the final state at the last step's start time: the probe reads the field within [t0, t_end])
+        last = [x[-1] for x in res[:2] if x is not None]
+        resolve_params(step, system, last, t0 + (steps - 1) * h, h, list(params),
+                       step_offset + steps - 1)
     return res
 
 

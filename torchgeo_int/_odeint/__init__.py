@@ -22,7 +22,8 @@ branch adds ``implicit_midpoint`` and ``implicit_euler``.
   k), with ``func(t, y) -> dy``.  The field is stepped as a ``tgi.VectorFieldSystem``:
   ``options["separable"] = True`` promises that dq depends on p only and dp on q only, which
   turns on the explicit kick/drift paths (func is then called with the other half set to zero
-  and that half of its output is ignored); otherwise the implicit generalized forms are used
+  and that half of its output is ignored; the promise is checked the first time a func is met,
+  ``state.check_separable``); otherwise the implicit generalized forms are used
   (e.g. the generalized leapfrog for ``verlet``).  ``options["hamiltonian"] = H`` with
   ``func=None`` steps X_H = (∂H/∂p, −∂H/∂q) of an energy ``H(q, p)`` (q, p shaped like the
   parts of y0; gradients by autograd, ``separable`` as above).
@@ -117,7 +118,8 @@ stored in all modes.  The lean modes differentiate y0 and the parameters of ``fu
 that requires grad and that func uses (a closure) must be listed in ``options["params"]``
 (which then replaces the module's parameters, like torchdiffeq's ``adjoint_params``), else
 odeint raises ValueError rather than silently give it no gradient (before the run when the first
-step uses it, else in the backward pass, which checks every recomputed step).  Each run of equal steps
+step uses it, else in the backward pass, which checks every recomputed step, or, with nothing else
+requiring grad, by a probe step at the end of the run).  Each run of equal steps
 starts a fresh FSAL/warm-start cache under a lean mode, so for time-dependent or implicit
 fields the result may differ from backprop's in the last bits.  torchdiffeq's methods take no
 ``grad`` option (use ``odeint_adjoint`` for their memory-lean, continuous-adjoint gradients).

@@ -113,7 +113,7 @@ def rollout_mse(model, q_true: Tensor, p_true: Tensor, *, dt: float, method="ver
     ``(B, T, n)`` (spacing ``dt``, ``substeps`` integrator steps per interval) over the T − 1
     intervals: the rollout MSE over the horizon (T − 1)·dt.  ``layout``:
     :func:`~torchgeo_int.nn.losses.check_layout` (``"time_first"`` for a rollout's (T, B, n))."""
-    q_true, p_true = check_layout(q_true, p_true, layout, "rollout_mse")
+    q_true, p_true = check_layout(q_true, p_true, layout, "rollout_mse", whole=True)
     check_data(q_true, p_true, names=("q_true", "p_true"), ndim=3, min_len=2)
     if isinstance(substeps, bool) or not isinstance(substeps, int) or substeps < 1:
         raise ValueError(f"substeps must be an int >= 1, got {substeps!r}")
@@ -139,7 +139,7 @@ def energy_drift(H, q: Tensor, p: Tensor, *, reduction: str = "mean", layout: st
     the trajectories (``"mean"``, ``"max"`` or ``"none"``).  H(x₀) must be nonzero.  ``layout``:
     as the losses' (:func:`~torchgeo_int.nn.losses.check_layout`; a rollout's (T, B, n) output is
     refused unless ``layout="time_first"``)."""
-    q, p = check_layout(q, p, layout, "energy_drift")
+    q, p = check_layout(q, p, layout, "energy_drift", whole=True)
     check_data(q, p, names=("q", "p"), ndim=3)
     E = _energy_fn(H)
     with torch.no_grad():

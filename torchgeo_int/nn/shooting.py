@@ -193,7 +193,7 @@ class TrajectoryFit(nn.Module):
                                 f"(T, B, n) = {tuple(q.shape)}, transpose(0, 1) them"
                                 if (B - 1) % seg == 0 else ""))
         if layout is None:
-            check_layout(q, p, None, "TrajectoryFit")
+            check_layout(q, p, None, "TrajectoryFit", whole=True)
         S = intervals // seg
         self.trajectories, self.n_segments, self.segment, self.dim = B, S, seg, n
 
