@@ -89,6 +89,12 @@ def run_loop(step, q0, p0, *, system, h, steps, t0, save_every, check_every, cac
     q, p = q0, p0
     stepper = as_stepper(step, system)
     into = stepper.writes_out   # steps(..., out=rows) writes the stretch's last state there
+    # Under grad mode with nothing known to require grad, a step may still read a tensor that
+    # does (a module a closure holds): out= refuses the stretch's last write, and the stretch
+    # would run twice.  So the first stretch goes without out=, and its end says whether the
+    # rest may write into the rows.
+    probe_into = into and grad_mode and not track
+    into = into and not probe_into
     # Every state saved, no graph: one ``saves`` call per stretch up to the next check writes
     # the stretch's states into their rows (a compiled stepper writes whole blocks at once).
     # Under grad mode only a stepper that decides itself whether a graph is needed
@@ -167,6 +173,8 @@ def run_loop(step, q0, p0, *, system, h, steps, t0, save_every, check_every, cac
             progress.update(end - k)
         k = end
         cur = (q,) if p is None else (q, p)
+        if probe_into:
+            into, probe_into = not any(x.requires_grad for x in cur), False
         if (k % save_every == 0 or k == steps) and not written:
             i = -(-k // save_every)
             if not track and grad_mode and any(x.requires_grad for x in cur):
