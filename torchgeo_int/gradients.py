@@ -294,7 +294,8 @@ def untracked_run(step, q0, p0, params, *, system, h, steps, t0, step_offset, **
         res = run_loop(step, q0, p0, system=system, h=h, steps=steps, t0=t0,
                        step_offset=step_offset, **loop)
     if steps:
-        # (the final state at the last step's start time: the probe reads the field within [t0, t_end])
+        # the final state at the last step's start time: the probe reads the field inside
+        # [t0, t_end], where the run read it
         last = [x[-1] for x in res[:2] if x is not None]
         resolve_params(step, system, last, t0 + (steps - 1) * h, h, list(params),
                        step_offset + steps - 1)

@@ -139,9 +139,8 @@ def check_derivative_layout(q: Tensor, p: Tensor, dq: Tensor, dp: Tensor, who: s
     an error.  The test: the states' steps along time are tangent to the derivatives that
     belong to them (:func:`_tangent_cosine`), so a transpose that is clearly more tangent
     (cos > 0.3, 3× the given pairing's and 4× the 1/√terms of random points) means the given
-    one is wrong.  ``time_dim``: the
-    states' time axis where known (else the better of dims 0 and 1).  Three or more states;
-    one host sync per cosine."""
+    one is wrong.  ``time_dim``: the states' time axis where known (else the better of dims 0
+    and 1).  Three or more states; one host sync per cosine."""
     if not (q.dim() == 3 and q.shape[0] == q.shape[1] >= 3 and dq.shape == q.shape
             and dp.shape == p.shape):
         return
