@@ -287,3 +287,55 @@ def test_a_module_held_by_a_closure_in_grad_mode_runs_each_step_once():
     (grad,) = torch.autograd.grad(runs[0][1][-1].sum(), g.b.weight)
     (ref,) = torch.autograd.grad(runs[2][1][-1].sum(), g.b.weight)
     assert torch.equal(grad, ref)
+
+
+# -- a second audit, of the advanced sections (forced, constrained, splitting, adaptive, Lie) ----
+
+def test_variable_steps_refuse_a_first_order_system():
+    """rollout's docstring said so; with step_control it ran, unpacking a (2, n) field into
+    (dq, dp), and returned wrong numbers when the batch was 2."""
+    x0 = torch.ones(2, 2, dtype=DT)
+    with pytest.raises(ValueError, match="step_control needs a Hamiltonian state"):
+        tgi.rollout(tgi.ODESystem(lambda t, y: -y), x0, x0.clone(), h=0.05, steps=4,
+                    step_control=lambda q: torch.ones(q.shape[:-1], dtype=DT))
+
+
+def test_a_time_dependent_hamiltonian_written_for_a_float_t_is_named_under_variable_steps():
+    import math
+    H = tgi.Hamiltonian(lambda q, p, t: 0.5 * (p * p).sum(-1) + 0.5 * math.sin(t) * (q * q).sum(-1))
+    q0 = torch.ones(2, 1, dtype=DT)
+    with pytest.raises(TypeError, match=r"H\(q, p, t\) failed on per-sample times t of shape \(2,\)"):
+        tgi.rollout(H, q0, q0.clone(), h=0.05, steps=4,
+                    step_control=lambda q: torch.ones(q.shape[:-1], dtype=DT))
+    ok = tgi.Hamiltonian(lambda q, p, t: 0.5 * (p * p).sum(-1) + 0.5 * torch.sin(t) * (q * q).sum(-1))
+    tgi.rollout(ok, q0, q0.clone(), h=0.05, steps=4,
+                step_control=lambda q: torch.ones(q.shape[:-1], dtype=DT))
+
+
+def test_a_nan_constraint_is_named_as_nan_not_as_lost_rank():
+    from torchgeo_int.constraints import ConstraintRankError
+    L = tgi.Lagrangian.mechanical(lambda q: q[..., 1])
+    g = lambda q: float("nan") * 0.5 * ((q * q).sum(-1, keepdim=True) - 1)   # noqa: E731
+    q0 = torch.tensor([[0.6, -0.8]], dtype=DT)
+    p0 = torch.tensor([[0.4, 0.3]], dtype=DT)
+    with pytest.raises(ValueError, match="NaN") as err:
+        tgi.rollout(tgi.ConstrainedSystem(L, g), q0, p0, h=0.1, steps=5, method=tgi.Rattle())
+    assert not isinstance(err.value, ConstraintRankError) and "lost rank" not in str(err.value)
+
+
+def test_compose_takes_a_method_name_as_rollout_does():
+    g = 1 / (2 - 2 ** (1 / 3))
+    by_name = tgi.compose("verlet", [g, 1 - 2 * g, g])
+    assert by_name.order == 4 == tgi.compose(tgi.METHODS["verlet"], [g, 1 - 2 * g, g]).order
+    with pytest.raises(ValueError, match="unknown method"):
+        tgi.compose("verlett", [g, 1 - 2 * g, g])
+
+
+def test_a_lie_group_energy_must_give_one_value_per_sample():
+    from torchgeo_int.manifolds import LieHamiltonian
+    H = LieHamiltonian(lambda g, mu: 0.5 * (mu * mu).sum(-1, keepdim=True))
+    g0 = torch.eye(3, dtype=DT).expand(2, 3, 3).clone()
+    mu0 = torch.ones(2, 3, dtype=DT)
+    with pytest.raises(ValueError, match=r"returned shape \(2, 1\) .* one value per sample"):
+        H.energy(g0, mu0)
+    assert LieHamiltonian(lambda g, mu: 0.5 * (mu * mu).sum(-1)).energy(g0, mu0).shape == (2,)

@@ -52,6 +52,22 @@ def cannot_tell(who: str, shape, d0: float, d1: float, options: str) -> ValueErr
                       f"Say which: {options}")
 
 
+def timed_call(fn, what: str, t, *args):
+    """fn(*args), t among them, where t may be a tensor of per-sample times (variable steps,
+    ``step_control``: each sample at its own time): a function written for a Python float t
+    there fails inside the user's code with an unrelated message, so it is named."""
+    try:
+        return fn(*args)
+    except (TypeError, ValueError, RuntimeError) as err:
+        if isinstance(t, torch.Tensor) and t.dim() > 0:
+            raise TypeError(f"{what} failed on per-sample times t of shape {tuple(t.shape)} "
+                            f"({type(err).__name__}: {err}): with variable steps (step_control) "
+                            "each sample has its own time, so t is a tensor of the batch shape; "
+                            "write it with torch operations on t (torch.sin(t), not math.sin(t)) "
+                            "returning one value per sample") from err
+        raise
+
+
 def check_own_methods(system, what: str) -> None:
     """A system whose states only its own family of methods steps (``stepped_by``: a Lie-group
     system's (g, μ)) refused by ``what`` (a method of another family, variable steps), by name:

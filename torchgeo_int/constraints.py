@@ -118,6 +118,11 @@ class ConstrainedSystem(System):
         """Raise :class:`ConstraintRankError` where G(q)M⁻¹G(q)ᵀ is numerically singular."""
         with torch.no_grad():
             G = self.jacobian(q) if G is None else G.detach()
+            bad = ~torch.isfinite(G).flatten(-2).all(-1)
+            if bool(bad.any()):     # NaN/inf, not a rank: the gram matrix would only say inf
+                raise ValueError(f"the constraint Jacobian G(q) = ∂g/∂q is NaN or inf at "
+                                 f"{int(bad.sum())} of {bad.numel()} sample(s): g or its gradient "
+                                 "is not finite there (check g, and q for NaN)")
             A = self._gram(G)
             # equilibrated (unit diagonal): rows of G that are merely scaled (units, masses, a
             # constraint written as s·g) are independent; only their directions can lose rank.

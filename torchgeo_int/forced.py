@@ -55,7 +55,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ._validate import cannot_tell, check_finite, check_nonzero, check_pair, check_scalar, time_axis
+from ._validate import (cannot_tell, check_finite, check_nonzero, check_pair, check_scalar, time_axis,
+                        timed_call)
 from .integrators.registry import register
 from .integrators.variational import VariationalIntegrator
 from .lagrangian import Lagrangian, SecondOrderSystem, ConstantMatrix
@@ -89,22 +90,6 @@ def _arity(fn: Callable) -> int:
             break
         n += 1
     return n
-
-
-def _timed_call(fn, what: str, t, *args):
-    """fn(*args), t among them, where t may be a tensor of per-sample times (variable steps,
-    ``step_control``: each sample at its own time): a function written for a Python float t
-    there fails inside the user's code with an unrelated message, so it is named."""
-    try:
-        return fn(*args)
-    except (TypeError, ValueError, RuntimeError) as err:
-        if isinstance(t, torch.Tensor) and t.dim() > 0:
-            raise TypeError(f"{what} failed on per-sample times t of shape {tuple(t.shape)} "
-                            f"({type(err).__name__}: {err}): with variable steps (step_control) "
-                            "each sample has its own time, so t is a tensor of the batch shape; "
-                            "write it with torch operations on t (torch.sin(t), not math.sin(t)) "
-                            "returning one value per sample") from err
-        raise
 
 
 def _check_psd(C: Tensor, what: str) -> None:
@@ -200,7 +185,7 @@ class ForcedSystem(System):
         u = self.control
         if u is None:
             return None
-        u = _timed_call(u, "the control u(t)", t, t) if callable(u) else u
+        u = timed_call(u, "the control u(t)", t, t) if callable(u) else u
         if not isinstance(u, torch.Tensor):
             raise TypeError(f"the control must be a tensor (k,) or (*batch, k), got {type(u).__name__}")
         return u
@@ -243,7 +228,7 @@ class ForcedSystem(System):
         F = None
         if self.force_fn is not None:
             args = (q, z, t, u)[:self._force_arity]
-            F = (_timed_call(self.force_fn, "the force F(q, z, t)", t, *args)
+            F = (timed_call(self.force_fn, "the force F(q, z, t)", t, *args)
                  if self._force_arity >= 3 else self.force_fn(*args))
             if not isinstance(F, torch.Tensor) or F.shape != q.shape:
                 got = tuple(F.shape) if isinstance(F, torch.Tensor) else type(F).__name__

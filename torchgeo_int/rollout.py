@@ -154,7 +154,7 @@ def _variable_steps(system, q0, p0, *, h, steps, method, t0, save_every, check_e
     """``rollout(..., step_control=...)``: the combinations that have no meaning for variable
     steps are refused here, the rest is :func:`~torchgeo_int.adaptive.adaptive_rollout`."""
     from .adaptive import adaptive_rollout
-    if p0 is None:
+    if p0 is None or getattr(system, "first_order", False):
         raise ValueError("step_control needs a Hamiltonian state (q0, p0): reversible variable steps "
                          "run a symmetric method of (q, p), and first-order systems have none")
     if compile:

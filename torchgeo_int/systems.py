@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ._autograd import grad_inputs, reaches_other_leaves
+from ._validate import timed_call
 
 Tensor = torch.Tensor
 
@@ -236,7 +237,8 @@ class Hamiltonian(System):
         return self.fn(q, p, t) if self.time_dependent else self.fn(q, p)
 
     def energy(self, q, p, t=0.0):
-        H = self.hamiltonian(q, p, t) if self.time_dependent else self.hamiltonian(q, p)
+        H = (timed_call(self.hamiltonian, "the Hamiltonian H(q, p, t)", t, q, p, t)
+             if self.time_dependent else self.hamiltonian(q, p))
         return check_energy(H, p, "the Hamiltonian", self._user_fn())
 
     def _user_fn(self):

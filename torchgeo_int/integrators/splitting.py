@@ -557,7 +557,10 @@ def compose(base, gammas, *, order: int | None = None, name: str | None = None,
     of them) with any step fractions γ (Σγ = 1; palindromic or not).  The order is measured
     (:func:`measured_order`; on ``system`` if given) and a declared ``order`` is checked
     against it; a composition of explicit splittings is certified exactly instead."""
+    from .registry import get_method     # (the registry imports this module)
     gammas = _finite(name or "composition", "gammas", gammas)
+    base = ([get_method(b) if isinstance(b, str) else b for b in base] if isinstance(base, (list, tuple))
+            else get_method(base) if isinstance(base, str) else base)     # a name, as rollout takes
     comp = Composition(base, gammas, order=1, name=name)
     split = comp.splitting()
     if split is not None:

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from .._validate import check_real
-from ..systems import SeparableHamiltonian, System, takes_time, grad_of
+from ..systems import SeparableHamiltonian, System, check_energy, grad_of, takes_time
 from .lie import LieGroup, get_group
 from .so3 import check_rotation
 from .sphere import check_on_sphere
@@ -53,7 +53,8 @@ class LieGroupSystem(System):
         raise NotImplementedError
 
     def energy(self, g, mu, t=0.0):
-        return self.hamiltonian(g, mu, t)
+        # one value per sample, as a Hamiltonian's (a (B, 1) energy broadcasts against (B,) ones)
+        return check_energy(self.hamiltonian(g, mu, t), mu, "the Hamiltonian", getattr(self, "fn", None))
 
     def forward(self, g, mu, t=0.0):
         return self.energy(g, mu, t)
