@@ -45,6 +45,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torchgeo_int as tgi  # noqa: E402
+from experiments.cli import number  # noqa: E402
 from experiments.problems import kepler_initial  # noqa: E402
 
 OUT = ROOT / "results" / "adaptive"
@@ -503,15 +504,15 @@ def main(argv=None):
                          "kepler and 3body took ~20 min each); the others come from the saved "
                          "studies in --out (none: only redraw the table and figure); grad: "
                          "the accuracy of grad='reversible' with variable steps (seconds)")
-    ap.add_argument("--triple-periods", type=int, default=1000, help="triple: inner periods (2π each)")
+    ap.add_argument("--triple-periods", type=number("int", 1), default=1000, help="triple: inner periods (2π each)")
     ap.add_argument("--triple-per-period", type=int, default=400,
                     help="triple: ∇V evaluations per inner period")
     ap.add_argument("--triple-e", type=float, default=0.9, help="triple: inner eccentricity")
     ap.add_argument("--triple-a-out", type=float, default=8.0, help="triple: outer orbit radius")
-    ap.add_argument("--periods", type=int, default=1000, help="Kepler: periods")
+    ap.add_argument("--periods", type=number("int", 1), default=1000, help="Kepler: periods")
     ap.add_argument("--per-period", type=int, default=100, help="Kepler: ∇V evaluations per period")
     ap.add_argument("--t-end", type=float, default=20.0, help="Pythagorean three-body end time")
-    ap.add_argument("--budget", type=int, default=60000, help="Pythagorean three-body ∇V evaluations")
+    ap.add_argument("--budget", type=number("int", 1), default=60000, help="Pythagorean three-body ∇V evaluations")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--configs", nargs="+", default=None, choices=CONFIGS,
                     help="rerun these (default: all; for the triple " + " ".join(TRIPLE_CONFIGS)

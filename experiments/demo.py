@@ -36,6 +36,7 @@ import torch  # noqa: E402
 
 import torchgeo_int as tgi  # noqa: E402
 from experiments.bench import common  # noqa: E402
+from experiments.cli import number  # noqa: E402
 
 # (method, force evaluations per step); h = base_h × that count, so that every fixed-step
 # method spends about one force evaluation per base_h (implicit midpoint: ≈ 8 fixed-point
@@ -80,7 +81,7 @@ def integrate(problem, name, evals_per_step, T, base_h):
 def run_problem(key, args):
     problem = common.PROBLEMS[key]()
     s = SETTINGS[key]
-    T = s["T"] * (args.fraction if args.fraction else (0.1 if args.quick else 1.0))
+    T = s["T"] * (args.fraction if args.fraction is not None else (0.1 if args.quick else 1.0))
     qr, _ = common.reference(problem, T)
     E0 = float(problem.energy(problem.q0, problem.p0))
     rows, curves = [], {}
@@ -210,9 +211,10 @@ def hnn_summary(res) -> list[str]:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="shorter times, a 100-step HNN part")
-    ap.add_argument("--fraction", type=float, default=None,
+    ap.add_argument("--fraction", type=number("float", 0.0, lo_open=True), default=None,
                     help="integrate over this fraction of the final times (default 1; --quick 0.1)")
-    ap.add_argument("--hnn-steps", type=int, default=None, help="Adam steps per HNN (600; --quick 100)")
+    ap.add_argument("--hnn-steps", type=number("int", 1), default=None,
+                    help="Adam steps per HNN (600; --quick 100)")
     ap.add_argument("--no-hnn", action="store_true")
     ap.add_argument("--problems", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     ap.add_argument("--out", default=str(common.RESULTS / "demo"))
@@ -239,7 +241,8 @@ def main(argv=None):
         plot_energy(results, out / "energy_error.png")
         plot_orbits(results, out / "orbits.png")
         md += ["![energy error](energy_error.png)", "", "![orbits](orbits.png)", ""]
-    hnn = None if args.no_hnn else hnn_part(args.hnn_steps or (100 if args.quick else 600), out)
+    steps = args.hnn_steps if args.hnn_steps is not None else (100 if args.quick else 600)
+    hnn = None if args.no_hnn else hnn_part(steps, out)
     (out / "integrators.md").write_text("# torchgeo_int demo\n\n" + common.machine() + "\n\n" + "\n".join(md))
     (out / "integrators.json").write_text(json.dumps(
         dict(problems={k: dict(T=v[1], rows=v[2]) for k, v in results.items()}, hnn=hnn),

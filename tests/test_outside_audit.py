@@ -339,3 +339,33 @@ def test_a_lie_group_energy_must_give_one_value_per_sample():
     with pytest.raises(ValueError, match=r"returned shape \(2, 1\) .* one value per sample"):
         H.energy(g0, mu0)
     assert LieHamiltonian(lambda g, mu: 0.5 * (mu * mu).sum(-1)).energy(g0, mu0).shape == (2,)
+
+
+# -- a third audit, of the README's commands: bad names and counts are usage errors --------------
+
+@pytest.mark.parametrize("module, argv, message", [
+    ("experiments.hnn.run", ["--task", "spring", "--quick", "--arms", "zz"], "unknown arms"),
+    ("experiments.hnn.run", ["--compare", "/nonexistent.json", "x.json"], "no such report"),
+    ("experiments.hnn.diagnose", ["--task", "spring", "--every", "0"], "--every: must be an int >= 1"),
+    ("experiments.hnn.diagnose", ["--task", "spring", "--steps", "-4"], "--steps: must be an int >= 1"),
+    ("experiments.hnn.parametric", ["--tasks", "foo"], "unknown task"),
+    ("experiments.demo", ["--hnn-steps", "-1"], "--hnn-steps: must be an int >= 1"),
+    ("experiments.demo", ["--fraction", "0", "--no-hnn"], "--fraction: must be a finite number > 0"),
+    ("experiments.adaptive", ["--studies", "3body", "--budget", "0"], "--budget: must be an int >= 1"),
+    ("experiments.bench.limits", ["--batches", "0", "--quick"], "--batches: must be an int >= 1"),
+    ("experiments.bench.gpu", ["--quick", "--device", "cpu", "--steps", "-1"], "--steps: must be an int >= 1"),
+])
+def test_experiment_commands_refuse_bad_names_and_counts_with_a_usage_line(module, argv, message, capsys):
+    import importlib
+    main = importlib.import_module(module).main
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_bench_configuration_that_is_none_of_the_table_is_named():
+    from experiments.bench.common import pick
+    configs = {"numba loop": 1, "rollout verlet": 2}
+    assert list(pick(configs, ["rollout verlet"])) == ["rollout verlet"] and pick(configs, None) == configs
+    with pytest.raises(ValueError, match=r"unknown configuration\(s\) \['foo'\]; known here"):
+        pick(configs, ["foo"])

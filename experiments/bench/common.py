@@ -272,6 +272,16 @@ def min_time(fn, repeats=3, *, device="cpu", budget=None):
 # ----------------------------------------------------------------------------------------------
 # Command line and output
 
+def pick(configs: dict, names) -> dict:
+    """The configurations ``names`` (all if None), in their table order; a name that is none of
+    them is refused, listing them (it would otherwise drop out of the table unnoticed, or leave
+    it empty)."""
+    unknown = [n for n in names or () if n not in configs]
+    if unknown:
+        raise ValueError(f"unknown configuration(s) {unknown}; known here: {list(configs)}")
+    return {k: v for k, v in configs.items() if names is None or k in names}
+
+
 def parser(doc: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=doc.strip().splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

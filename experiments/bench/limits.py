@@ -66,7 +66,9 @@ import torch
 import torchgeo_int as tgi
 from torchgeo_int import _compile
 
+from ..cli import number
 from . import common
+from .common import pick
 from .throughput import energy_kepler, grad_V, kepler_batch, warnings_off
 
 H = 0.01
@@ -279,7 +281,7 @@ def configurations(system, names=None):
         out["torchode rk4"] = (torchode_rk4(system), True)
     if has("diffrax") and has("jax"):
         out["diffrax SemiImplicitEuler (JAX, jit)"] = (diffrax_semi_implicit(), True)
-    return {k: v for k, v in out.items() if names is None or k in names}
+    return pick(out, names)
 
 
 def torchode_rk4(system):
@@ -786,10 +788,10 @@ def store_layouts(args, m=2, K=16):
 
 def main(argv=None):
     ap = common.parser(__doc__)
-    ap.add_argument("--batches", type=int, nargs="+", default=None)
+    ap.add_argument("--batches", type=number("int", 1), nargs="+", default=None)
     ap.add_argument("--configs", nargs="+", default=None, help="a subset of the table's rows")
-    ap.add_argument("--steps", type=int, default=None, help="steps per run (default: by batch)")
-    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--steps", type=number("int", 1), default=None, help="steps per run (default: by batch)")
+    ap.add_argument("--repeats", type=number("int", 1), default=None)
     ap.add_argument("--sections", nargs="+", choices=SECTIONS + EXTRA_SECTIONS, default=SECTIONS)
     args = ap.parse_args(argv)
     out = common.setup(args)

@@ -36,7 +36,9 @@ import torch
 
 import torchgeo_int as tgi
 
+from ..cli import number
 from . import common
+from .common import pick
 
 H = 0.01
 BATCHES = [1, 64, 4096, 65536]
@@ -161,7 +163,7 @@ def configurations(system, names, device):
         (q, p), _ = common.torchdiffeq_solve(system, q0, p0, steps * H, "rk4", shape=(2,), h=H)
         return q, p
     out["torchdiffeq_rk4"] = ("eager", rk4)
-    return {k: v for k, v in out.items() if names is None or k in names}
+    return pick(out, names)
 
 
 # Ratios reported: (numerator, denominator, goal)
@@ -338,10 +340,10 @@ COLUMNS = [("batch", "batch"), ("config", "configuration"), ("steps", "steps"), 
 
 
 def add_arguments(ap):
-    ap.add_argument("--batches", type=int, nargs="+", default=None)
+    ap.add_argument("--batches", type=number("int", 1), nargs="+", default=None)
     ap.add_argument("--configs", nargs="+", default=None, help="a subset of the configurations")
-    ap.add_argument("--steps", type=int, default=None, help="steps per run (default: by batch)")
-    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--steps", type=number("int", 1), default=None, help="steps per run (default: by batch)")
+    ap.add_argument("--repeats", type=number("int", 1), default=None)
     return ap
 
 

@@ -54,6 +54,7 @@ from torchgeo_int.nn.metrics import hamiltonian_error
 from torchgeo_int.nn.training import TensorBatches, lr_factor, seed_everything
 from torchgeo_int.nn.shooting import TrajectoryFit
 
+from ..cli import number
 from . import data as datasets
 from .run import CONFIG, SHOOTING as TASK_SHOOTING
 from .train import SHOOTING, arms as make_arms, build_model, evaluate, shooting_fit, state_lr, train
@@ -223,8 +224,8 @@ def main(argv=None):
     ap.add_argument("--trajectories", type=int, default=1000, help="two-body orbits")
     ap.add_argument("--state-optimizer", choices=["adam", "lazy"],
                     help="TrajectoryFit.optimizer(lazy_states=...): default the library's")
-    ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--every", type=int, default=200)
+    ap.add_argument("--steps", type=number("int", 1), default=2000)
+    ap.add_argument("--every", type=number("int", 1), default=200)
     ap.add_argument("--batch-size", type=int, help="random segments per step (default: all; the "
                     "study multiplies its batch by the task's batch_factor)")
     ap.add_argument("--segment", type=int, help="shooting segment length (0: single shooting)")

@@ -353,7 +353,7 @@ def main(argv=None):
     tasks = args.tasks.split(",")
     unknown = set(tasks) - set(FAMILIES)
     if unknown:
-        raise SystemExit(f"unknown task(s) {sorted(unknown)}; known: {', '.join(FAMILIES)}")
+        ap.error(f"unknown task(s) {sorted(unknown)}; known: {', '.join(FAMILIES)}")
     try:                      # argparse's usage error before anything trains
         arms = checked_arms(args.arms.split(","))
     except ValueError as err:

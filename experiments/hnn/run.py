@@ -31,6 +31,7 @@ import torch
 import torchgeo_int as tgi
 from torchgeo_int._validate import check_int, check_real
 
+from ..cli import number
 from . import data as datasets
 from .train import arms as make_arms
 from .train import evaluate, failed_metrics, train, truth_floor
@@ -100,6 +101,11 @@ def study_task(name: str, data_seed: int = 0, *, quick: bool = False):
     return datasets.TASKS[name](data_seed, **kw)
 
 
+class UsageError(ValueError):
+    """A run refused before any training because the command names something unknown (an arm):
+    the command line reports it as a usage error, not a traceback."""
+
+
 #: what a seed's training may raise and the study counts as that seed failing: a non-finite
 #: loss, an implicit step or a Gauss–Newton state solve without a solution
 TRAINING_FAILURES = (FloatingPointError, tgi.ConvergenceError, torch.linalg.LinAlgError)
@@ -161,7 +167,7 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
     if arm_keys:
         unknown = set(arm_keys) - {a.key for a in all_arms}
         if unknown:
-            raise ValueError(f"unknown arms {sorted(unknown)}; known: {[a.key for a in all_arms]}")
+            raise UsageError(f"unknown arms {sorted(unknown)}; known: {[a.key for a in all_arms]}")
         all_arms = [a for a in all_arms if a.key in arm_keys]
 
     try:
@@ -485,53 +491,40 @@ def plot(task, arms, keep, stem: Path):
     plt.close(fig)
 
 
-def _arg(kind, lo, **kw):
-    """An argparse type: the project's own check (``check_int`` / ``check_real``) of the parsed
-    number, its ValueError turned into argparse's usage error (no traceback)."""
-    def parse(text):
-        value = int(text) if kind == "int" else float(text)   # argparse: "invalid int value: 'x'"
-        try:
-            return check_int(value, "the value", lo) if kind == "int" else check_real(value, "the value", lo, **kw)
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err).replace("the value ", "")) from None
-    parse.__name__ = kind
-    return parse
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", choices=sorted(CONFIG))
     ap.add_argument("--quick", action="store_true", help="2 seeds, 300 steps, batches of 64 (~2 min)")
-    ap.add_argument("--seeds", type=_arg("int", 1), help="number of seeds (default 5, --quick 2)")
-    ap.add_argument("--steps", type=_arg("int", 1), help="gradient steps per arm")
-    ap.add_argument("--batch-size", type=_arg("int", 1), help="samples (points or windows) per step")
+    ap.add_argument("--seeds", type=number("int", 1), help="number of seeds (default 5, --quick 2)")
+    ap.add_argument("--steps", type=number("int", 1), help="gradient steps per arm")
+    ap.add_argument("--batch-size", type=number("int", 1), help="samples (points or windows) per step")
     ap.add_argument("--arms", help="comma-separated subset of a,a_fd,a_s,b1,b5,b10,c,c_ode,d,e,e4,g,g_ode,f,f_v")
-    ap.add_argument("--segment", type=_arg("int", 0), help="shooting segment length of (e)/(e′)/(f) (0: single shooting)")
-    ap.add_argument("--continuity", type=_arg("real", 0.0), help="continuity weight of the shooting arms")
-    ap.add_argument("--state-lr", type=_arg("real", 0.0, lo_open=True), help="learning rate of the shooting-node states")
-    ap.add_argument("--gauss-newton", type=_arg("int", 0), help="Gauss–Newton sweeps on the node states per "
+    ap.add_argument("--segment", type=number("int", 0), help="shooting segment length of (e)/(e′)/(f) (0: single shooting)")
+    ap.add_argument("--continuity", type=number("real", 0.0), help="continuity weight of the shooting arms")
+    ap.add_argument("--state-lr", type=number("real", 0.0, lo_open=True), help="learning rate of the shooting-node states")
+    ap.add_argument("--gauss-newton", type=number("int", 0), help="Gauss–Newton sweeps on the node states per "
                     "step (0: states learned with --state-lr)")
-    ap.add_argument("--solve-every", type=_arg("int", 1), help="solve the node states at every k-th training "
+    ap.add_argument("--solve-every", type=number("int", 1), help="solve the node states at every k-th training "
                     "step only (TrajectoryFit's solve_every; with --gauss-newton)")
-    ap.add_argument("--derivative-weight", type=_arg("real", 0.0),
+    ap.add_argument("--derivative-weight", type=number("real", 0.0),
                     help="weight of (g)'s derivative matching at the estimated states (default 1)")
-    ap.add_argument("--derivative-points", type=_arg("int", 1),
+    ap.add_argument("--derivative-points", type=number("int", 1),
                     help="(g): derivatives matched at this many of the batch's points a step, drawn "
                          "at random (default: all)")
-    ap.add_argument("--derivative-warmup", type=_arg("int", 0),
+    ap.add_argument("--derivative-warmup", type=number("int", 0),
                     help="(g): training steps over which the derivative weight rises from 1 to its value")
     ap.add_argument("--method2", help="training/evaluation method of (e′) (default yoshida4)")
-    ap.add_argument("--substeps2", type=_arg("int", 1), help="substeps per data interval of (e′)")
+    ap.add_argument("--substeps2", type=number("int", 1), help="substeps per data interval of (e′)")
     ap.add_argument("--b-model", choices=["auto", "hnn"], default="auto",
                     help="'hnn': arm (b) uses HNN + implicit midpoint even on separable tasks")
-    ap.add_argument("--node-window", type=_arg("int", 1), default=5)
+    ap.add_argument("--node-window", type=number("int", 1), default=5)
     ap.add_argument("--lr-schedule", choices=["config", "constant", "cosine"], default="config",
                     help="learning-rate schedule of every arm (default: the task's CONFIG)")
-    ap.add_argument("--weight-decay", type=_arg("real", 0.0),
+    ap.add_argument("--weight-decay", type=number("real", 0.0),
                     help="Adam's weight decay for every arm (default: the task's CONFIG entry)")
-    ap.add_argument("--data-seed", type=_arg("int", 0), default=0,
+    ap.add_argument("--data-seed", type=number("int", 0), default=0,
                     help="the task's draw of trajectories and noise (default 0, the study's)")
-    ap.add_argument("--threads", type=_arg("int", 0), default=1, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument("--threads", type=number("int", 0), default=1, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--out", default="results")
     ap.add_argument("--merge", action="store_true",
                     help="replace only the arms run now in the report already in --out")
@@ -561,6 +554,9 @@ def main(argv=None):
             print(f"| {name} | {task.dt:.4g} | {f['energy_mse']:.3g} | {f['state_mse']:.3g} |")
         return
     if args.compare:
+        missing = [p for p in args.compare if not Path(p).is_file()]
+        if missing:
+            ap.error(f"--compare: no such report {', '.join(missing)}")
         quick, full = (json.loads(Path(p).read_text()) for p in args.compare)
         for metric in ("energy_mse", "state_mse"):
             print(json.dumps(compare_rankings(quick, full, metric)))
@@ -577,13 +573,16 @@ def main(argv=None):
                                       derivative_warmup=args.derivative_warmup).items() if v is not None}
     if shooting.get("segment") == 0:
         shooting["segment"] = None
-    rep = run(args.task, quick=args.quick, seeds=args.seeds, steps=args.steps, batch_size=args.batch_size,
-              arm_keys=args.arms.split(",") if args.arms else None, out=args.out,
-              progress=not args.no_progress, b_model=args.b_model, node_window=args.node_window,
-              threads=args.threads, merge=args.merge, shooting=shooting,
-              from_partial=args.from_partial, data_seed=args.data_seed,
-              weight_decay=args.weight_decay,
-              lr_schedule=None if args.lr_schedule == "constant" else args.lr_schedule)
+    try:    # an unknown arm is found once the task's arms are built: a usage error too
+        rep = run(args.task, quick=args.quick, seeds=args.seeds, steps=args.steps,
+                  batch_size=args.batch_size, arm_keys=args.arms.split(",") if args.arms else None,
+                  out=args.out, progress=not args.no_progress, b_model=args.b_model,
+                  node_window=args.node_window, threads=args.threads, merge=args.merge,
+                  shooting=shooting, from_partial=args.from_partial, data_seed=args.data_seed,
+                  weight_decay=args.weight_decay,
+                  lr_schedule=None if args.lr_schedule == "constant" else args.lr_schedule)
+    except UsageError as err:
+        ap.error(str(err))
     print(markdown(rep))
 
 
