@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 import torchgeo_int as tgi
-from torchgeo_int._validate import check_int, check_real
+from torchgeo_int._validate import check_real
 
 from ..cli import number
 from . import data as datasets
