@@ -354,6 +354,9 @@ def test_a_lie_group_energy_must_give_one_value_per_sample():
     ("experiments.adaptive", ["--studies", "3body", "--budget", "0"], "--budget: must be an int >= 1"),
     ("experiments.bench.limits", ["--batches", "0", "--quick"], "--batches: must be an int >= 1"),
     ("experiments.bench.gpu", ["--quick", "--device", "cpu", "--steps", "-1"], "--steps: must be an int >= 1"),
+    ("experiments.bench.training_cost", ["--quick", "--batch", "0"], "--batch: must be an int >= 1"),
+    ("experiments.bench.odeint_overhead", ["--trees", "foo"], "--trees takes label=path"),
+    ("experiments.bench.odeint_overhead", ["--rounds", "0"], "--rounds and --repeats must be at least 1"),
 ])
 def test_experiment_commands_refuse_bad_names_and_counts_with_a_usage_line(module, argv, message, capsys):
     import importlib

@@ -135,9 +135,15 @@ def main(argv=None):
     ap.add_argument("--force", choices=["norm", "pow"], default="norm")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    # (checked here, not by experiments.cli: the worker runs this file from another tree)
+    if args.rounds < 1 or args.repeats < 1:
+        ap.error(f"--rounds and --repeats must be at least 1, got {args.rounds}, {args.repeats}")
     if args.worker:
         print(json.dumps(worker(args.repeats, args.grad, args.force)))
         return
+    bad = [t for t in args.trees if "=" not in t or not os.path.isdir(t.split("=", 1)[1])]
+    if bad:
+        ap.error(f"--trees takes label=path with path a folder holding torchgeo_int, got {bad}")
     trees = [t.split("=", 1) for t in args.trees]
     best = {}
     for _ in range(args.rounds):

@@ -32,6 +32,7 @@ from torch import nn
 
 import torchgeo_int as tgi
 
+from ..cli import number
 from . import common
 
 MiB = 2.0 ** 20
@@ -199,23 +200,22 @@ def measure(name, make, loss_fn, data, repeats, device):
 
 def main(argv=None):
     ap = common.parser(__doc__)
-    ap.add_argument("--batch", type=int, default=None)
-    ap.add_argument("--window", type=int, default=None)
-    ap.add_argument("--width", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--batch", type=number("int", 1), default=None)
+    ap.add_argument("--window", type=number("int", 1), default=None)
+    ap.add_argument("--width", type=number("int", 1), default=64)
+    ap.add_argument("--repeats", type=number("int", 1), default=None)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     ap.add_argument("--configs", nargs="+", default=None)
     args = ap.parse_args(argv)
     out = common.setup(args)
-    batch = args.batch or (32 if args.quick else 256)
-    window = args.window or (4 if args.quick else 8)
-    repeats = args.repeats or (2 if args.quick else 5)
+    batch = args.batch if args.batch is not None else (32 if args.quick else 256)
+    window = args.window if args.window is not None else (4 if args.quick else 8)
+    repeats = args.repeats if args.repeats is not None else (2 if args.quick else 5)
     data = make_data(batch, window, device=args.device, dtype=getattr(torch, args.dtype))
     source, confs = configurations(args.width)
     rows = []
-    for name in common.progress([n for n in confs if args.configs is None or n in args.configs],
-                                args=args, desc="training cost"):
+    for name in common.progress(list(common.pick(confs, args.configs)), args=args, desc="training cost"):
         make, loss_fn = confs[name]
         rows.append(measure(name, make, loss_fn, data, repeats, args.device))
     # each row against derivative matching of the same model (a SeparableHNN has two networks,
