@@ -384,6 +384,34 @@ def test_closed_form_input_gradient_equals_autograds(activation):
         assert torch.allclose(a, b, rtol=1e-12, atol=1e-13)
 
 
+
+@pytest.mark.parametrize("activation", ["tanh", "softplus", "sigmoid", "silu", "gelu", "elu", "sin"])
+@pytest.mark.parametrize("depth", [1, 3])
+def test_closed_form_input_hessian_equals_autograds(activation, depth):
+    """MLP.input_grad_hessian: ∇f equal to input_grad's and ∇²f to torch.func.hessian's (exact,
+    not differences), in float64 and float32, on inputs with leading batch dimensions; refused
+    where input_grad is (several outputs, an activation without a closed form)."""
+    torch.manual_seed(9)
+    net = tgi.nn.MLP(3, 1, width=9, depth=depth, activation=activation)
+    if activation == "softplus":           # both sides of torch's linear switch at βz = 20
+        net[0].bias.data[:3] = torch.tensor([30.0, -30.0, 25.0])
+    assert net.closed_form_hessian
+    x = 3 * torch.randn(4, 5, 3)
+    g, H = net.input_grad_hessian(x)
+    assert g.shape == x.shape and H.shape == (4, 5, 3, 3)
+    ref = torch.func.vmap(torch.func.hessian(lambda y: net(y).squeeze(-1)))(x.reshape(-1, 3)).reshape(4, 5, 3, 3)
+    assert torch.allclose(g, net.input_grad(x), rtol=1e-13, atol=1e-14)
+    assert torch.allclose(H, ref, rtol=1e-12, atol=1e-13)
+    net32, x32 = net.float(), x.float()
+    g32, H32 = net32.input_grad_hessian(x32)
+    assert H32.dtype == torch.float32 and torch.allclose(H32.double(), ref, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="out_dim = 2"):
+        tgi.nn.MLP(3, 2, width=9).input_grad_hessian(x)
+    approx = tgi.nn.MLP(3, 1, width=9, activation=lambda: nn.GELU(approximate="tanh"))
+    assert not approx.closed_form_hessian
+    with pytest.raises(ValueError, match="closed-form derivative"):
+        approx.input_grad_hessian(x)
+
 def test_hnn_modules_take_the_closed_form_forces_and_fall_back_to_autograd():
     """The HNN modules' ∇H come from MLP.input_grad (the same values as autograd of their H),
     decided when asked: a network reassigned or an activation swapped later is used as it is

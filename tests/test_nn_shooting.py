@@ -465,11 +465,19 @@ def test_solve_states_returns_each_nodes_objective_at_the_final_states():
 # ---------------------------------------------------------------- solved node states
 
 
+@pytest.fixture(params=["differences", "chain rule"])
+def jacobians(request, monkeypatch):
+    """The solve's Jacobians both ways: differences of whole rollouts, or the chain rule through
+    the splitting's lifted halves (TrajectoryFit.CHAIN_RULE_SIZE picks by size)."""
+    monkeypatch.setattr(TrajectoryFit, "CHAIN_RULE_SIZE", 10 ** 9 if request.param == "differences" else 0)
+    return request.param
+
+
 @pytest.mark.parametrize("segment", [None, 4])
-def test_gauss_newton_states_reach_the_minimiser_of_the_loss(segment):
+def test_gauss_newton_states_reach_the_minimiser_of_the_loss(segment, jacobians):
     """H fixed: from perturbed nodes, Gauss–Newton recovers the exact states of Verlet data
     (single shooting quadratically), and on noisy data it reaches the states that L-BFGS finds
-    for the same loss."""
+    for the same loss; with either Jacobian."""
     H = _pendulum()
     q, p, _ = _data(H, B=6, T=21)
     tf = TrajectoryFit(H, q, p, dt=0.1, segment=segment, gauss_newton=1).eval()
@@ -497,7 +505,7 @@ def test_gauss_newton_states_reach_the_minimiser_of_the_loss(segment):
 
 
 @pytest.mark.parametrize("segment", [None, 4, 1])
-def test_gauss_newton_with_derivatives_minimises_the_whole_loss_over_the_states(segment):
+def test_gauss_newton_with_derivatives_minimises_the_whole_loss_over_the_states(segment, jacobians):
     """With observed derivatives the solved states minimise data + continuity + derivative
     residuals |X_H(Φ^{(j)}(z)) − ẋ_j|², each observation time once (the loss's terms, as
     functions of the states): the
@@ -530,6 +538,115 @@ def test_gauss_newton_with_derivatives_minimises_the_whole_loss_over_the_states(
     assert err[0] < 0.6 * err[1], err
 
 
+@pytest.mark.parametrize("method, segment, substeps", [("verlet", 1, 1), ("verlet", 3, 2), ("yoshida4", None, 1)])
+def test_gauss_newton_jacobians_come_by_the_chain_rule_at_n_plus_one_points_a_half(method, segment, substeps):
+    """Through a kick–drift splitting the solve's Jacobians are the chain rule on lifted halves:
+    ∂Φ^{(j)}/∂z and ∂X_H(Φ^{(j)}(z))/∂z equal autograd's (jacrev of the rollout) to the forward
+    differences' accuracy, and each kick (drift) evaluates ∂V/∂q (∂T/∂p) at n + 1 points a node,
+    however many tangents ride along (2n + 1 perturbed rollouts before: 3(2n + 1) − n a Verlet
+    step with the field at the node, now 2(n + 1) + n + 1)."""
+    n, rows = 2, {"V": 0, "T": 0}
+    A = torch.tensor([[1.0, 0.3], [0.3, 0.7]])
+
+    def counted(key, f):
+        def g(x):
+            rows[key] += x.shape[0]
+            return f(x)
+        return g
+    H = tgi.SeparableHamiltonian(
+        lambda p: 0.5 * (p @ A * p).sum(-1) + 0.1 * (p ** 4).sum(-1), lambda q: (1 - torch.cos(q)).sum(-1),
+        kinetic_grad=counted("T", lambda p: p @ A + 0.4 * p ** 3), potential_grad=counted("V", torch.sin))
+    g = torch.Generator().manual_seed(3)
+    q, p = (torch.randn(3, 7, n, generator=g) for _ in range(2))
+    dq, dp = (torch.randn(3, 7, n, generator=g) for _ in range(2))
+    tf = TrajectoryFit(H, q, p, dt=0.1, segment=segment, method=method, substeps=substeps,
+                       gauss_newton=1, derivatives=(dq, dp))
+    index = torch.arange(tf.trajectories * tf.n_segments)
+    z = torch.cat([tf.q_nodes, tf.p_nodes], -1).reshape(-1, 2 * n)[index] + 0.05
+    stepper = tf._first_kick()
+    assert stepper is not None
+    parts = tf._derivative_parts(index)
+    rows.update(V=0, T=0)
+    plain = tf._roll_states(z, stepper.force_term(z[:, :n]), stepper)     # counts: a plain rollout's
+    R = dict(rows)
+    rows.update(V=0, T=0)
+    X, fields = tf._tangent_rollout(stepper, z, parts)
+    N, seg = z.shape[0], tf.segment
+    # X_H where the derivative parts take it besides the nodes: j = 1..segment − 1 of every
+    # segment and the last segments' ends (single shooting: j = 1..segment)
+    extra = seg * N if len(parts) == 1 else (seg - 1) * N + int(parts[1][0].sum())
+    assert rows["V"] == (n + 1) * (R["V"] + extra)       # the node's ∂V/∂q: the first kick's
+    assert rows["T"] == (n + 1) * (R["T"] + N + extra)
+    torch.testing.assert_close(X[..., 0, :], plain)
+
+    def roll(zz):                                              # (seg + 1, 2n) of one state
+        return tf._roll_states(zz.unsqueeze(0), None, stepper)[:, 0]
+    for k in range(N):
+        jac = torch.func.jacrev(roll)(z[k])                      # (seg + 1, 2n, 2n)
+        torch.testing.assert_close(X[:, k, 0], roll(z[k]))
+        torch.testing.assert_close(X[:, k, 1:].transpose(-1, -2), jac, atol=1e-6, rtol=1e-6)
+    first = fields[0]                           # X_H at j < segment (single shooting: ≤), every node
+    J = first.shape[0]
+    Fj = X[:J, :, 0]
+
+    def field(x):
+        fq, fp = H.vector_field(x[..., :n], x[..., n:])
+        return torch.cat([fq, fp], -1)
+    torch.testing.assert_close(first[:, :, 0], field(Fj))
+    dfield = torch.func.vmap(torch.func.jacrev(field))(Fj.reshape(-1, 2 * n)).reshape(*Fj.shape, 2 * n)
+    want = dfield @ X[:J, :, 1:].transpose(-1, -2)             # ∂X_H/∂x · ∂Φ/∂z
+    torch.testing.assert_close(first[:, :, 1:].transpose(-1, -2), want, atol=1e-6, rtol=1e-6)
+
+
+
+def test_a_separable_hnns_solve_takes_its_hessians_in_closed_form():
+    """SeparableHNN's halves are its networks' closed-form gradients: the chain rule takes their
+    Hessians in closed form too (MLP.input_grad_hessian, no differences), so the Jacobian
+    rollout equals autograd's (jacrev) to rounding, not to √u; a kinetic_grad of the user's
+    (not the network's gradient) goes back to differences."""
+    torch.manual_seed(4)
+    model = SeparableHNN(2, width=16)
+    g = torch.Generator().manual_seed(5)
+    q, p = (torch.randn(3, 5, 2, generator=g) for _ in range(2))
+    tf = TrajectoryFit(model, q, p, dt=0.1, segment=2, gauss_newton=1)
+    stepper = tf._first_kick()
+    assert tf._closed_form_jacobian(stepper.velocity, "kinetic") == model.kinetic.input_grad_hessian
+    assert tf._closed_form_jacobian(stepper.force_term, "potential") == model.potential.input_grad_hessian
+    assert tf._closed_form_jacobian(stepper.force_term, "kinetic") is None     # another module's
+    z = torch.cat([tf.q_nodes, tf.p_nodes], -1).reshape(-1, 4)
+    X, _ = tf._tangent_rollout(stepper, z)
+    for k in range(z.shape[0]):
+        jac = torch.func.jacrev(lambda zz: tf._roll_states(zz.unsqueeze(0), None, stepper)[:, 0])(z[k])
+        torch.testing.assert_close(X[:, k, 1:].transpose(-1, -2), jac, rtol=1e-12, atol=1e-13)
+    user = tgi.SeparableHamiltonian(model.kinetic, model.potential, kinetic_grad=model.kinetic.input_grad)
+    fit_u = TrajectoryFit(user, q, p, dt=0.1, segment=2, gauss_newton=1)
+    assert fit_u._closed_form_jacobian(fit_u._first_kick().velocity, "kinetic") is None
+
+def test_a_sweep_solves_nodes_without_a_neighbour_in_the_batch_in_its_first_half():
+    """Red–black only where it matters: nodes none of whose neighbours is solved with them go in
+    the first half with the even nodes of the chains, the chains' odd nodes in the second; a
+    batch without neighbours is one half.  The states are those of solving each chain and each
+    lone node on its own (Gauss–Seidel's order on a chain, even nodes first, is kept)."""
+    H = _pendulum()
+    q, p, _ = _data(H, B=4, T=21, noise=0.05, seed=5)
+    kw = dict(dt=0.1, segment=2, gauss_newton=1, continuity=0.5)
+    S = 10
+    # trajectory 0: a chain s = 3, 4, 5; lone nodes s = 7 (odd) and, on trajectory 1, s = 2
+    ids = torch.tensor([3, 4, 5, 7, S + 2, 2 * S + 9])
+    tf = TrajectoryFit(H, q, p, **kw)
+    first, second = tf._halves(ids)
+    assert first.tolist() == [False, True, False, True, True, True]
+    assert second.tolist() == [True, False, True, False, False, False]
+    lone = TrajectoryFit(H, q, p, **kw)
+    assert lone._halves(ids[3:])[1] is None
+    best = tf.solve_states(ids)
+    parts = TrajectoryFit(H, q, p, **kw)
+    alone = [parts.solve_states(ids[:3])] + [parts.solve_states(ids[k:k + 1]) for k in range(3, 6)]
+    torch.testing.assert_close(tf.q_nodes, parts.q_nodes, rtol=0, atol=1e-14)
+    torch.testing.assert_close(tf.p_nodes, parts.p_nodes, rtol=0, atol=1e-14)
+    torch.testing.assert_close(best, torch.cat(alone), rtol=1e-12, atol=1e-15)
+
+
 def test_gauss_newton_halves_a_step_that_overshoots(monkeypatch):
     """Far from the solution (100-step single shooting through a pendulum of the wrong frequency)
     the full Gauss–Newton step raises some nodes' ℓ; it is then halved until ℓ falls, so every
@@ -544,7 +661,7 @@ def test_gauss_newton_halves_a_step_that_overshoots(monkeypatch):
 
     def first_sweep():
         tf = TrajectoryFit(pendulum(2.0, 3.0), q, p, dt=0.068, gauss_newton=1).eval()
-        nodes, *_, objective = tf._objective(torch.arange(32))
+        nodes, *_, objective = tf._objective(torch.arange(32))             # every node's state
         before = objective(tf._roll_states(nodes), nodes)
         return before, tf.solve_states(steps=1)
 
@@ -593,13 +710,14 @@ def test_gauss_newton_solves_only_the_batch_and_the_model_trains_at_solved_state
     assert hist["loss"][-1] < 0.5 * first
 
 
-@pytest.mark.parametrize("method, steps", [("verlet", 1), ("yoshida4", 2)])
+@pytest.mark.parametrize("method, steps", [("verlet", 1), ("yoshida4", 2), ("implicit_midpoint", 1)])
 def test_single_shooting_loss_reuses_the_solves_last_rollout(method, steps):
     """Single shooting with every node solved: the loss is the rollout of the solve's accepted
-    candidate (the same states, the same θ), not a second one — two rollouts a training-mode
-    loss for one sweep instead of three — and loss and θ-gradient equal those of solving first
-    and then rolling out (bit for bit); a node that rejects its step (a model the step cannot
-    improve) makes the loss roll out again, and multiple shooting never reuses."""
+    candidate (the same states, the same θ), not a second one — and loss and θ-gradient equal
+    those of solving first and then rolling out (bit for bit); a node that rejects its step (a
+    model the step cannot improve) makes the loss roll out again, and multiple shooting never
+    reuses.  (The solve's own rollouts are graph-free; a splitting's run its step loop, not
+    ``_roll``: only the grad-mode rollouts are counted.)"""
     H = _oscillator()
     q, p, _ = _data(H, B=6, T=11, noise=0.05, seed=4)
     torch.manual_seed(1)
@@ -612,10 +730,13 @@ def test_single_shooting_loss_reuses_the_solves_last_rollout(method, steps):
         tf._roll = lambda *a: calls.append(torch.is_grad_enabled()) or roll(*a)   # noqa: B023
         return tf, calls
 
+    def graph(calls):                       # the rollouts that build a graph, and the last's mode
+        return calls.count(True), calls[-1]
+
     a, calls_a = fitted()
     loss_a = a()
     grads_a = torch.autograd.grad(loss_a, list(model.parameters()))
-    assert len(calls_a) == 2 * steps and calls_a[-1] and not any(calls_a[:-1])
+    assert graph(calls_a) == (1, True)                      # the solve's last candidate, reused
     b, calls_b = fitted()
     b.solve_states(steps=steps)
     b.eval()                                                # evaluation: no solve, one rollout
@@ -629,10 +750,10 @@ def test_single_shooting_loss_reuses_the_solves_last_rollout(method, steps):
     calls_a.clear()
     a.train()
     a()
-    assert len(calls_a) == 2 * steps + 1 and calls_a[-1]
+    assert graph(calls_a) == (2, True)                      # the candidate, then the loss's own
     multi, calls_m = fitted(segment=5)
     multi()
-    assert calls_m[-1] and not any(calls_m[:-1])             # the loss rolls out anew
+    assert graph(calls_m) == (1, True)                      # the loss rolls out anew
 
 
 def test_trajectory_fit_refuses_time_first_data_unless_told():

@@ -68,15 +68,17 @@ red–black block Gauss–Seidel).  The model then takes its gradient step at (n
 states — the variable-projection method for separable least squares (Golub & Pereyra, SIAM J.
 Numer. Anal. 1973), where by the envelope theorem ∂L/∂θ at the solved states is the gradient of
 the reduced loss θ ↦ min_z L(θ, z).  The states then carry no graph (``requires_grad=False``)
-and :meth:`TrajectoryFit.optimizer` has only the model's group.  A sweep rolls out about
-2n + 3 times the batch's states without a graph, which pays where the states are few (single
-shooting of short trajectories).  In single shooting with every node of the batch solved, the
-last sweep rolls its candidate states out in the caller's grad mode; when every node accepts
-its step that rollout is the loss's (the same states and θ, so the same numbers), and the loss
-does not roll out again.  On minibatched multiple shooting (noisy two-body, segments of
-7, batch 200, development seed) it lowered the node error 0.12 → 0.096 but not the error of the
-learned H, in about 8× the training time.  ``solve_every=k`` solves a node at its first visit
-and then at every k-th only: the states, once near their solution, move slowly with θ.
+and :meth:`TrajectoryFit.optimizer` has only the model's group.  A sweep costs about the
+network evaluations of 2n + 3 graph-free rollouts of the batch's states by differences, of
+n + 3 by the chain rule through a kick–drift splitting, n/2 + 3 with the closed-form Hessians
+of a :class:`~torchgeo_int.nn.SeparableHNN` (:meth:`TrajectoryFit.solve_states`).  In single
+shooting with every node of the batch solved, the last sweep rolls its candidate states out in
+the caller's grad mode; when every node accepts its step that rollout is the loss's (the same
+states and θ, so the same numbers), and the loss does not roll out again.  On minibatched
+multiple shooting (noisy two-body, segments of 7, batch 200, development seed) it lowered the
+node error 0.12 → 0.096 but not the error of the learned H, in about 8× the training time.
+``solve_every=k`` solves a node at its first visit and then at every k-th only: the states, once
+near their solution, move slowly with θ.
 """
 from __future__ import annotations
 
@@ -102,6 +104,43 @@ def _positive(value, name, *, allow_zero=False):
     return check_real(value, name, 0.0, lo_open=not allow_zero)
 
 
+def _step_size(x: Tensor) -> Tensor:
+    """The forward-difference step of each row of x (…, k): ε = √u · max(1, |x|_∞), shape (…, 1)."""
+    return torch.finfo(x.dtype).eps ** 0.5 * x.abs().amax(-1, keepdim=True).clamp_min(1.0)
+
+
+def _differences(X: Tensor, eps: Tensor) -> Tensor:
+    """Values at x and x + ε e_k, ``X[..., N, 1 + k, :]``, as the value and the difference
+    quotients (f(x + ε e_k) − f(x)) / ε in the same layout (eps of shape (N, 1))."""
+    return torch.cat([X[..., :1, :], (X[..., 1:, :] - X[..., :1, :]) / eps[:, :, None]], -2)
+
+
+def _lifted(half, jacobian=None):
+    r"""The tangent lift of a map f: Rⁿ → Rⁿ (a splitting's ∂T/∂p or force term) on stacks
+    ``x`` of shape (…, 1 + k, n): the point x₀ = ``x[..., 0, :]`` and k tangents d_i, to
+    [f(x₀); f′(x₀) d_1; …; f′(x₀) d_k].  f′(x₀) from ``jacobian`` (x ↦ (f(x), f′(x)), rows
+    ∂f/∂x_c; a closed-form Hessian) where given, else forward differences, column
+    c = (f(x₀ + ε e_c) − f(x₀)) / ε (:func:`_step_size`): n + 1 evaluations of f however many
+    tangents ride along.  A kick p ← p + a h f(q) or a drift on such stacks is the step's
+    tangent map (both are affine in the stack), so a splitting stepper built on lifted halves
+    propagates ∂Φ/∂z by the chain rule."""
+    def lifted(x: Tensor) -> Tensor:
+        n = x.shape[-1]
+        base = x[..., 0, :].reshape(-1, n)
+        if jacobian is not None:
+            f, jac = jacobian(base)
+            f = f.unsqueeze(1)
+        else:
+            eps = _step_size(base)                                     # (L, 1)
+            pts = base.unsqueeze(1).repeat(1, n + 1, 1)
+            pts[:, 1:].diagonal(dim1=1, dim2=2).add_(eps)
+            values = half(pts.reshape(-1, n)).view(-1, n + 1, n)
+            f, jac = values[:, :1], (values[:, 1:] - values[:, :1]) / eps.unsqueeze(-1)   # row c: ∂f/∂x_c
+        tangents = x[..., 1:, :].reshape(base.shape[0], -1, n) @ jac
+        return torch.cat([f, tangents], 1).view(x.shape)
+    return lifted
+
+
 class TrajectoryFit(nn.Module):
     r"""A model H_θ and learnable shooting-node states for observed trajectories ``q, p`` of
     shape ``(B, T, n)`` (B trajectories, T states ``dt`` apart); see the module docstring.
@@ -119,7 +158,7 @@ class TrajectoryFit(nn.Module):
     visit (its segment in the batch) and then at every k-th; at its other visits it keeps its
     last solved state, from an earlier θ — block coordinate descent, as a stiff solver keeps
     its Jacobian for some steps.  Where the solve dominates a step (one-step segments: a sweep
-    rolls out 2n + 3 times the batch) this divides the training time by up to k.  The visit
+    costs several rollouts of the batch) this divides the training time by up to k.  The visit
     counts are the buffer ``visits`` (saved with the module, so a resumed fit solves where the
     uninterrupted one would).  ``derivatives``: ``(dq, dp)`` of the data's shape, the observed
     time derivatives, matched at the fit's states with the weight ``derivative_weight`` (see the
@@ -385,8 +424,20 @@ class TrajectoryFit(nn.Module):
                      check_every=self.rollout_options.get("check_every", 64))
 
     def _roll_states(self, z: Tensor, force: Tensor | None = None, stepper=None) -> Tensor:
-        """:meth:`_roll` of states z = (q, p) of shape (N, 2n): (segment + 1, N, 2n)."""
-        return torch.cat(self._roll(z[:, :self.dim], z[:, self.dim:], force, stepper), -1)
+        """:meth:`_roll` of states z = (q, p) of shape (N, 2n): (segment + 1, N, 2n) — the state
+        solve's graph-free rollouts.  With a splitting ``stepper`` (:meth:`_first_kick`) its own
+        step loop (the numbers :meth:`_roll` computes), also on the lifted stacks (…, 1 + 2n, 2n)
+        of :meth:`_tangent_rollout`: the solve rolls out a few states many times a step, and
+        :func:`~torchgeo_int.rollout`'s checks and output buffers cost more than such a rollout
+        (on the two-body study's one-step segments, a fifth of the solve)."""
+        if stepper is None:
+            return torch.cat(self._roll(z[:, :self.dim], z[:, self.dim:], force), -1)
+        n, h = self.dim, self.dt / self.substeps
+        q, p, out = z[..., :n], z[..., n:], [z]
+        for _ in range(self.segment):
+            q, p, force = stepper.steps(q, p, 0.0, h, self.substeps, force)
+            out.append(torch.cat([q, p], -1))
+        return torch.stack(out)
 
     #: rollout options under which the training rollout may be handed its first force
     _PLAIN = {"grad": "backprop", "compile": False, "progress": False}
@@ -424,17 +475,24 @@ class TrajectoryFit(nn.Module):
 
         with its neighbours fixed at their current values (the w_d term only with observed
         ``derivatives``: the states are estimated from everything observed; M_s = {0, …,
-        segment − 1}, and segment too on a trajectory's last segment).  A sweep updates the even nodes s,
-        then the odd ones (red–black block Gauss–Seidel: each half sees its neighbours' new
-        states, about twice Jacobi's rate on this chain).  The Jacobians ∂Φ^{(j)}/∂z come from
-        one graph-free rollout of the 2n + 1 states z and z + ε e_k (forward differences,
-        ε = √u · max(1, |z|_∞), u the unit roundoff): 2n graph-free rollouts cost less than the
-        (segment + 1)·2n reverse passes through autograd-defined forces that exact Jacobians
-        would need, and a Gauss–Newton step needs them only to the accuracy of its linear model.
-        On a separable H_θ (a kick–drift splitting, see :meth:`_first_kick`) with observed
-        derivatives, ∂T/∂p and ∂V/∂q at those states are each evaluated at the n + 1 that differ
-        in p, resp. q (a perturbation of q leaves ∂T/∂p as it is), the forces handed to the
-        rollout's first kicks; the field at the candidate's node likewise.
+        segment − 1}, and segment too on a trajectory's last segment).  A sweep updates the nodes in
+        two halves, red–black block Gauss–Seidel on each chain of neighbouring nodes of
+        ``index``: first the even nodes s of the chains and every node with no neighbour in
+        ``index`` (its neighbours stay as they are in either half), then the odd ones; each half
+        sees its neighbours' new states, about twice Jacobi's rate on a chain.  The Jacobians
+        ∂Φ^{(j)}/∂z (and ∂X_H/∂z) are forward differences, ε = √u · max(1, |x|_∞), u the unit
+        roundoff, of one graph-free rollout of the 2n + 1 states z and z + ε e_k: a Gauss–Newton
+        step needs them only to the accuracy of its linear model.  Through a kick–drift splitting
+        on a separable H_θ (``verlet``, ``yoshida4``, …; see :meth:`_first_kick`) on at least
+        :attr:`CHAIN_RULE_SIZE` node coordinates they come by the chain rule instead
+        (:meth:`_tangent_rollout`): each kick and drift differentiates its half at its one state
+        — in closed form where the half is a network's closed-form gradient (a
+        :class:`~torchgeo_int.nn.SeparableHNN`'s: :meth:`~torchgeo_int.nn.MLP.input_grad_hessian`,
+        exact), else by differences at n + 1 points — and the tangents ride along.  For the
+        two-body study's one-step Verlet segments (n = 4, derivatives matched) that is 4
+        closed-form Hessians a node, the work of about 12 gradients, instead of 28 gradients;
+        either way less than the (segment + 1)·2n reverse passes that exact Jacobians through
+        autograd-defined forces would need.
         The normal equations get a Levenberg–Marquardt shift of 10⁻⁶ of their mean diagonal, and
         where the step does not lower ℓ it is halved, up to 8 times (backtracking; not where
         its predicted decrease is at ℓ's rounding level), and a node keeps its old state only
@@ -443,15 +501,37 @@ class TrajectoryFit(nn.Module):
         squares problem per trajectory: quadratic convergence on consistent data."""
         index = self._index(index)
         best = self._solve(index, steps)[0]
-        if self.n_segments > 1 and self.continuity > 0:
-            # the even half's ℓ was taken before the odd half moved its neighbours: take it again
-            even = (index % self.n_segments) % 2 == 0
-            if bool(even.any()):
-                with torch.no_grad():
-                    nodes, *_, objective = self._objective(index[even])
-                    z = nodes[index[even]]
-                    best[even] = objective(self._roll_states(z), z)
+        first, second = self._halves(index)
+        # the first half's ℓ was taken before the second moved its neighbours: take it again
+        # where it has a neighbour there
+        again = first & self._has_neighbour(index, index[second]) if second is not None else None
+        if again is not None and bool(again.any()):
+            with torch.no_grad():
+                stepper = self._first_kick()
+                z, *_, objective = self._objective(index[again], stepper)
+                best[again] = objective(self._roll_states(z, None, stepper), z)
         return best
+
+    def _has_neighbour(self, index: Tensor, others: Tensor) -> Tensor:
+        """Whether node s of each segment id in ``index`` has s − 1 or s + 1 (same trajectory)
+        among the ids ``others``."""
+        S = self.n_segments
+        s = index % S
+        return (((s > 0) & torch.isin(index - 1, others))
+                | ((s < S - 1) & torch.isin(index + 1, others)))
+
+    def _halves(self, index: Tensor):
+        """The two halves of a sweep over ``index`` (see :meth:`solve_states`): masks (first,
+        second), second None where every node is in the first (no two are neighbours, or with
+        one segment a trajectory, or with no continuity term to couple them)."""
+        S = self.n_segments
+        everything = torch.ones_like(index, dtype=torch.bool)
+        if S == 1 or self.continuity <= 0:
+            return everything, None
+        second = ((index % S) % 2 == 1) & self._has_neighbour(index, index)
+        if not bool(second.any()):
+            return everything, None
+        return ~second, second
 
     @torch.no_grad()
     def _solve(self, index, steps, keep_grad: bool | None = None):
@@ -463,23 +543,22 @@ class TrajectoryFit(nn.Module):
         if keep_grad is not None and S != 1:
             raise ValueError("keep_grad applies to single shooting (one segment a trajectory)")
         best = torch.empty(index.shape[0], dtype=self.q_nodes.dtype, device=index.device)
-        colors = [(index % S) % 2 == c for c in (0, 1)] if S > 1 else [torch.ones_like(index, dtype=torch.bool)]
+        colors = [c for c in self._halves(index) if c is not None]
         rolled = None
         for sweep in range(steps):
             for color in colors:
-                if bool(color.any()):
-                    keep = keep_grad if sweep == steps - 1 else None
-                    best[color], rolled = self._gauss_newton_step(index[color], keep)
+                keep = keep_grad if sweep == steps - 1 else None
+                best[color], rolled = self._gauss_newton_step(index[color], keep)
         return best, rolled
 
-    def _objective(self, index: Tensor):
+    def _objective(self, index: Tensor, stepper=None):
         """The parts of ℓ (:meth:`solve_states`) for the nodes ``index``, their neighbours as they
-        are now: (nodes (total, 2n), obs (seg+1, N, 2n), a, w′, has_prev, has_next, the previous
+        are now: (the nodes' states z (N, 2n), obs (seg+1, N, 2n), a, w′, has_prev, has_next, the previous
         segments' ends, the next nodes, the derivative terms (the observed derivatives (seg+1,
         N, 2n), :meth:`_derivative_parts`, their weight) or None, objective(F, z) -> ℓ per node
         from its rollout F)."""
-        total, S, m = self.trajectories * self.n_segments, self.n_segments, 2 * self.dim
-        nodes = torch.cat([self.q_nodes, self.p_nodes], -1).reshape(total, m)
+        S = self.n_segments
+        z = self._states(index)
         obs = torch.cat([self.q_obs[index], self.p_obs[index]], -1).transpose(0, 1)   # (seg+1, N, m)
         a = 1.0 / (self.segment + 1)
         w = self.continuity * S / (S - 1) if S > 1 else 0.0
@@ -487,8 +566,9 @@ class TrajectoryFit(nn.Module):
         has_prev = (index % S) != 0 if w > 0 else none
         has_next = (index % S) != S - 1 if w > 0 else none
         # the previous segments' ends Φ^{(segment)}(z_{s−1}) do not depend on z: one rollout
-        prev_end = self._roll_states(nodes[index[has_prev] - 1])[-1] if bool(has_prev.any()) else None
-        nxt = nodes[index[has_next] + 1]
+        prev_end = self._roll_states(self._states(index[has_prev] - 1), None, stepper)[-1] \
+            if bool(has_prev.any()) else None
+        nxt = self._states(index[has_next] + 1)
         derivs = None
         if self._matches_derivatives():
             dobs = torch.cat([self.dq_obs[index], self.dp_obs[index]], -1).transpose(0, 1)
@@ -509,7 +589,13 @@ class TrajectoryFit(nn.Module):
                 val[has_next] += w * ((F[-1][has_next] - nxt) ** 2).sum(-1)
             return val
 
-        return nodes, obs, a, w, has_prev, has_next, prev_end, nxt, derivs, objective
+        return z, obs, a, w, has_prev, has_next, prev_end, nxt, derivs, objective
+
+    def _states(self, ids: Tensor) -> Tensor:
+        """The node states (q, p) of the flat segment ids ``ids``, shape (len(ids), 2n) (a
+        gather of those rows, not of every node)."""
+        n = self.dim
+        return torch.cat([self.q_nodes.view(-1, n)[ids], self.p_nodes.view(-1, n)[ids]], -1)
 
     def _matches_derivatives(self) -> bool:
         return self.dq_obs is not None and self.derivative_weight > 0
@@ -528,19 +614,59 @@ class TrajectoryFit(nn.Module):
             parts.append((last, (slice(-1, None), last)))
         return parts
 
-    def _part_fields(self, X: Tensor, parts, D0: Tensor | None = None) -> list[Tensor]:
+    def _part_fields(self, X: Tensor, parts, D0: Tensor | None = None, field=None) -> list[Tensor]:
         """X_H at ``X[j]`` for each part ``(rows, j)`` of :meth:`_derivative_parts` (X of shape
         ``(segment + 1, N, …, 2n)``); ``D0``: X_H at ``X[0]`` (the nodes) where already known
-        (the first part is the one that starts at j = 0, on every node)."""
+        (the first part is the one that starts at j = 0, on every node); ``field``: the map
+        taking X_H (default :meth:`_field`; the Jacobian rollout's lifted field)."""
+        field = self._field if field is None else field
         fields = []
         for i, (_, j) in enumerate(parts):
             if i == 0 and D0 is not None:
                 rest = X[j][1:]
-                fields.append(torch.cat([D0.unsqueeze(0), self._field(rest)]) if rest.shape[0]
+                fields.append(torch.cat([D0.unsqueeze(0), field(rest)]) if rest.shape[0]
                               else D0.unsqueeze(0))
             else:
-                fields.append(self._field(X[j]))
+                fields.append(field(X[j]))
         return fields
+
+    def _tangent_rollout(self, stepper, z: Tensor, parts=None):
+        r"""The rollout Φ^{(j)}(z), j = 0..segment, of the states z (N, 2n) with its Jacobians by
+        the chain rule, through the splitting ``stepper`` (:meth:`_first_kick`) on lifted halves
+        (:func:`_lifted`): shape (segment + 1, N, 1 + 2n, 2n), the state in ``[..., 0, :]`` and
+        ∂Φ^{(j)}/∂z_k in ``[..., 1 + k, :]``.  Each kick and drift takes its half's Jacobian at
+        its one state (closed form, :meth:`_closed_form_jacobian`, or differences at n + 1
+        points) instead of rolling out 2n + 1 states.  With the derivative ``parts``
+        (:meth:`_derivative_parts`) also X_H at their states, linearised alike (the node's force
+        serves the first kick and the field at once); else None."""
+        n, m = self.dim, 2 * self.dim
+        velocity, force_term = (_lifted(half, self._closed_form_jacobian(half, energy)) for half, energy in
+                                ((stepper.velocity, "kinetic"), (stepper.force_term, "potential")))
+        lifted = SplittingStepper(stepper.system, stepper.pairs, stepper.last, velocity, force_term)
+        eye = torch.eye(m, dtype=z.dtype, device=z.device).expand(z.shape[0], m, m)
+        Z = torch.cat([z.unsqueeze(1), eye], 1)                              # (N, 1 + m, m)
+        node_force = force_term(Z[..., :n])
+        X = self._roll_states(Z, node_force, lifted)
+        if parts is None:
+            return X, None
+
+        def field(Y):                        # X_H on lifted stacks (…, 1 + m, m)
+            return torch.cat([velocity(Y[..., n:]), self.model.force_sign * force_term(Y[..., :n])], -1)
+
+        node = torch.cat([velocity(Z[..., n:]), self.model.force_sign * node_force], -1)
+        return X, self._part_fields(X, parts, node, field)
+
+    def _closed_form_jacobian(self, half, energy: str):
+        """The model's ``energy`` module's ``input_grad_hessian`` where ``half`` is that module's
+        closed-form gradient (a :class:`~torchgeo_int.nn.SeparableHNN`'s ∂T/∂p and ∂V/∂q, the
+        halves its splitting steps call) and its Hessian has a closed form too; else None (the
+        lifted half takes forward differences)."""
+        module = getattr(self.model, energy, None)
+        if (module is None or getattr(half, "__self__", None) is not module
+                or getattr(half, "__func__", None) is not getattr(type(module), "input_grad", None)
+                or not hasattr(module, "input_grad_hessian") or not module.closed_form_hessian):
+            return None
+        return module.input_grad_hessian
 
     def _field(self, X: Tensor) -> Tensor:
         """X_{H_θ} at states X = (q, p) of shape (..., 2n), as one tensor of that shape."""
@@ -550,6 +676,14 @@ class TrajectoryFit(nn.Module):
 
     #: step halvings a Gauss–Newton step may take where the full step does not lower ℓ
     HALVINGS = 8
+    #: the chain rule (:meth:`_tangent_rollout`) from this many node coordinates (nodes × n) in
+    #: a half-sweep; below, differences of whole rollouts: a lifted half makes about three times
+    #: the tensor operations of a plain one, and on a few nodes their fixed cost (µs each on a
+    #: CPU) outweighs the rows it saves.  On the HNN study's CPU (SeparableHNN, width 200, one
+    #: thread) the two break even near 25 coordinates: 25 nodes of spring's single shooting
+    #: (n = 1, a 29-step segment) solved ~10 % faster by differences, 88 two-body nodes (n = 4,
+    #: one step) ~35 % faster by the chain rule
+    CHAIN_RULE_SIZE = 32
 
     def _gauss_newton_step(self, index: Tensor, keep_grad: bool | None = None):
         """One monotone Gauss–Newton step on the nodes ``index`` (neighbours fixed), written into
@@ -558,38 +692,41 @@ class TrajectoryFit(nn.Module):
         took the step (None otherwise)."""
         total, n, seg = self.trajectories * self.n_segments, self.dim, self.segment
         m = 2 * n
-        nodes, obs, a, w, has_prev, has_next, prev_end, nxt, derivs, objective = self._objective(index)
-        eye = torch.eye(m, dtype=nodes.dtype, device=nodes.device)
-        z = nodes[index]
+        stepper = self._first_kick()
+        z, obs, a, w, has_prev, has_next, prev_end, nxt, derivs, objective = self._objective(index, stepper)
+        eye = torch.eye(m, dtype=z.dtype, device=z.device)
         N = z.shape[0]
-        eps = torch.finfo(z.dtype).eps ** 0.5 * z.abs().amax(-1, keepdim=True).clamp_min(1.0)
-        Z = z.unsqueeze(1).repeat(1, m + 1, 1)                              # (N, m + 1, m)
-        Z[:, 1:] += torch.diag_embed(eps.expand(N, m))
-        stepper = None if derivs is None else self._first_kick()
-        if stepper is None:
-            X, D0 = self._roll_states(Z.reshape(N * (m + 1), m)), None
-        else:
-            # H = T(p) + V(q): a perturbation of q leaves ∂T/∂p as it is and one of p the force,
-            # so each half is evaluated at its n + 1 distinct states of the m + 1, and the
-            # forces go to the rollout's first kicks
-            # (flat batches of states, as every other evaluation of the halves takes them)
-            force = stepper.force_term(Z[:, :n + 1, :n].reshape(-1, n)).view(N, n + 1, n)       # z, q perturbed
-            vel = stepper.velocity(Z[:, [0, *range(n + 1, m + 1)], n:].reshape(-1, n)).view(N, n + 1, n)   # z, p
-            force = torch.cat([force, force[:, :1].expand(N, n, n)], 1)
-            vel = torch.cat([vel[:, :1].expand(N, n + 1, n), vel[:, 1:]], 1)
-            D0 = torch.cat([vel, self.model.force_sign * force], -1)             # X_H(Z)
-            X = self._roll_states(Z.reshape(N * (m + 1), m), force.reshape(N * (m + 1), n), stepper)
-        X = X.reshape(seg + 1, N, m + 1, m)
+        # X: (seg + 1, N, 1 + m, m), the rollout Φ^{(j)}(z) in [..., 0, :] and its derivatives
+        # ∂Φ^{(j)}/∂z_k in [..., k + 1, :]; fields: X_H at the derivative parts' states, alike
+        if stepper is not None and N * n >= self.CHAIN_RULE_SIZE:
+            X, fields = self._tangent_rollout(stepper, z, None if derivs is None else derivs[1])
+        else:      # forward differences of the rollout: the 2n + 1 states z and z + ε e_k
+            eps = _step_size(z)
+            Z = z.unsqueeze(1).repeat(1, m + 1, 1)                          # (N, m + 1, m)
+            Z[:, 1:] += torch.diag_embed(eps.expand(N, m))
+            force = D0 = None
+            if stepper is not None and derivs is not None:
+                # H = T(p) + V(q): a perturbation of q leaves ∂T/∂p as it is and one of p the
+                # force, so each half is evaluated at its n + 1 distinct states of the m + 1 (the
+                # field at the nodes), and the forces go to the rollout's first kicks
+                force = stepper.force_term(Z[:, :n + 1, :n].reshape(-1, n)).view(N, n + 1, n)   # z, q perturbed
+                vel = stepper.velocity(Z[:, [0, *range(n + 1, m + 1)], n:].reshape(-1, n)).view(N, n + 1, n)
+                force = torch.cat([force, force[:, :1].expand(N, n, n)], 1)
+                vel = torch.cat([vel[:, :1].expand(N, n + 1, n), vel[:, 1:]], 1)
+                D0 = torch.cat([vel, self.model.force_sign * force], -1)         # X_H(Z)
+                force = force.reshape(N * (m + 1), n)
+            X = self._roll_states(Z.reshape(N * (m + 1), m), force, stepper).reshape(seg + 1, N, m + 1, m)
+            fields = None if derivs is None else [
+                _differences(D, eps[rows]) for (rows, _), D in zip(derivs[1], self._part_fields(X, derivs[1], D0))]
+            X = _differences(X, eps)
         F = X[:, :, 0]                                                       # Φ^{(j)}(z)
-        J = ((X[:, :, 1:] - F.unsqueeze(2)) / eps[:, :, None]).transpose(-1, -2)   # (seg+1, N, out, in)
+        J = X[:, :, 1:].transpose(-1, -2)                                    # (seg+1, N, out, in)
         A = a * torch.einsum("jnoi,jnok->nik", J, J)
         g = a * torch.einsum("jnoi,jno->ni", J, F - obs)
-        fields = None
-        if derivs is not None:       # the derivative residuals X_H(Φ^{(j)}(z)) − ẋ_j, the same differences
+        if derivs is not None:       # the derivative residuals X_H(Φ^{(j)}(z)) − ẋ_j, linearised alike
             dobs, parts, ad = derivs
-            fields = self._part_fields(X, parts, D0)
             for (rows, j), D in zip(parts, fields):
-                Jd = ((D[:, :, 1:] - D[:, :, :1]) / eps[rows][:, :, None]).transpose(-1, -2)
+                Jd = D[:, :, 1:].transpose(-1, -2)
                 A[rows] += ad * torch.einsum("jnoi,jnok->nik", Jd, Jd)
                 g[rows] += ad * torch.einsum("jnoi,jno->ni", Jd, D[:, :, 0] - dobs[j])
         if nxt.shape[0]:
@@ -607,13 +744,13 @@ class TrajectoryFit(nn.Module):
             with torch.set_grad_enabled(keep_grad):
                 rolled = self._roll(cand[:, :n], cand[:, n:])
             Fc = torch.cat([x.detach() for x in rolled], -1)
-        elif stepper is not None:
+        elif stepper is not None and derivs is not None:
             force, Dc = self._halves_at(stepper, cand)
             Fc = self._roll_states(cand, force, stepper)
             fields_c = self._part_fields(Fc, derivs[1], Dc)
         else:
-            Fc = self._roll_states(cand)
-        before = objective(F, z, None if fields is None else [D[..., 0, :] for D in fields])
+            Fc = self._roll_states(cand, None, stepper)
+        before = objective(F, z, None if fields is None else [D[:, :, 0] for D in fields])
         after = objective(Fc, cand, fields_c)
         better = torch.isfinite(after) & (after < before)
         full = bool(better.all())
@@ -626,14 +763,14 @@ class TrajectoryFit(nn.Module):
         far = None if full else ~better & ((g * step).sum(-1) > tol * before)
         if far is not None and bool(far.any()):      # (no second host sync when every node took it)
             rej = far.nonzero().squeeze(1)
-            objective_r = self._objective(index[rej])[-1]        # the same terms, those nodes
+            objective_r = self._objective(index[rej], stepper)[-1]        # the same terms, those nodes
             zr, dr, br = z[rej], step[rej], before[rej]
             ok = torch.zeros_like(br, dtype=torch.bool)
             t = 1.0
             for _ in range(self.HALVINGS):
                 t /= 2
                 c = zr - t * dr
-                val = objective_r(self._roll_states(c), c)
+                val = objective_r(self._roll_states(c, None, stepper), c)
                 new = ~ok & torch.isfinite(val) & (val < br)
                 cand[rej[new]], after[rej[new]] = c[new], val[new]
                 ok |= new
