@@ -282,6 +282,13 @@ def _names(ap, flag, value, known):
     return [n for n in known if n in names]          # canonical order: one file name per set
 
 
+def _mean_pm_se(v) -> str:
+    """"mean ± s.e.", the mean alone with one seed (no s.e.), "—" without a value."""
+    if not v:
+        return "—"
+    return f"{v[0]:.3g}" + (f" ± {v[1]:.2g}" if math.isfinite(v[1]) else "")
+
+
 def _markdown(report, arms):
     lines = [f"# Damped / controlled pendulum (c = {C_TRUE}, dt = {DT}); mean ± s.e. over "
              f"{report['config']['seeds']} seeds, {report['config']['steps']} Adam steps each", ""]
@@ -290,7 +297,7 @@ def _markdown(report, arms):
                   "|---|---|---|---|---|"]
         for arm in arms:
             a = s[arm]
-            f = lambda v: "—" if not v else f"{v[0]:.3g} ± {v[1]:.2g}"
+            f = _mean_pm_se
             lines.append(f"| {arm} | {f(a['state_mse'])} | {f(a['energy_err'])} | {f(a['damping'])} "
                          f"| {a['seconds'][0]:.0f} |")
         lines.append("")

@@ -205,7 +205,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda",
                     help="the device checked against the CPU (default cuda; cpu: the CPU against itself)")
-    ap.add_argument("--out", default=str(ROOT / "results" / "gpu_check"))
+    ap.add_argument("--out", default=str(ROOT / "results" / "gpu_check"),
+                    help="the report's path without suffix: it writes OUT.md and OUT.json (default "
+                         "results/gpu_check; unlike the benches' --out, not a folder)")
     ap.add_argument("--only", nargs="*", default=None, help="substrings of row names")
     a = ap.parse_args(argv)
     try:

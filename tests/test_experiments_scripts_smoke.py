@@ -104,3 +104,11 @@ def test_dissipative_report_names_differ_by_task_and_budget():
     # the default seed count keeps the names the README quotes
     assert report_stem(["damped"], 2000, ["ours_midpoint"], seeds=3) == report_stem(["damped"], 2000, ["ours_midpoint"])
     assert report_stem(["damped"], 3, [], quick=True, seeds=1) == "dissipative_quick_damped_3steps"
+
+
+def test_dissipative_report_shows_no_standard_error_of_one_seed():
+    """One seed has no standard error: the report gives the mean alone, not "± nan"."""
+    from experiments.dissipative import _mean_pm_se, mean_se
+    assert _mean_pm_se(mean_se([0.5])) == "0.5"
+    assert _mean_pm_se(mean_se([0.5, 0.7])) == "0.6 ± 0.1"
+    assert _mean_pm_se(None) == "—"

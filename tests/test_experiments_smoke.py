@@ -271,7 +271,9 @@ def test_torchdiffeq_master_runs_our_side_and_says_why_not_theirs(tmp_path, caps
     assert torchdiffeq_master.NOT_RUN in capsys.readouterr().err
     saved = _load(tmp_path, "torchdiffeq_master")
     assert saved["torchdiffeq_master"] is None and saved["agreement"] == []
-    assert torchdiffeq_master.NOT_RUN in (tmp_path / "torchdiffeq_master.md").read_text()
+    md = (tmp_path / "torchdiffeq_master.md").read_text()
+    assert f"## torchdiffeq master\n\nNot run: {torchdiffeq_master.HOW}." in md
+    assert torchdiffeq_master.NOT_RUN not in md               # (the heading names it once)
     assert (tmp_path / "torchdiffeq_master.png").stat().st_size > 0
     by = {r["method"]: r for r in data["rows"]}
     assert set(by) == {"implicit_midpoint", "verlet"} and all(r["side"] == "ours" for r in data["rows"])
@@ -281,6 +283,12 @@ def test_torchdiffeq_master_runs_our_side_and_says_why_not_theirs(tmp_path, caps
     assert by["verlet"]["evals_per_step"] < 3 < by["implicit_midpoint"]["evals_per_step"]
     with pytest.raises(SystemExit, match="no torchdiffeq/__init__.py"):
         torchdiffeq_master.main(["--torchdiffeq-src", str(tmp_path), "--out", str(tmp_path), *QUIET])
+    for flag, bad in [("--steps", "0"), ("--max-batch", "0"), ("--batches", "-2"), ("--h", "0"),
+                      ("--cell-timeout", "-1")]:            # not a silent default, not a crash later
+        with pytest.raises(SystemExit) as e:
+            torchdiffeq_master.main([flag, bad, "--out", str(tmp_path), *QUIET])
+        assert e.value.code == 2
+    assert "must be" in capsys.readouterr().err
 
 
 def test_hnn_diagnose_tiny(tmp_path, capsys):

@@ -60,8 +60,9 @@ import warnings
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 STEM = "torchdiffeq_master"
 N_STATE = 4                      # (q, p) of a planar Kepler orbit
-NOT_RUN = ("torchdiffeq master: not run — pass --torchdiffeq-src PATH (a checkout of the master "
-           "branch of github.com/rtqichen/torchdiffeq; never installed into the venv)")
+HOW = ("pass --torchdiffeq-src PATH (a checkout of the master branch of "
+       "github.com/rtqichen/torchdiffeq; never installed into the venv)")
+NOT_RUN = f"torchdiffeq master: not run — {HOW}"          # the run's line on stderr
 SYMPLECTIC_WORDS = ("symplectic", "verlet", "leapfrog", "yoshida", "stormer", "ruth", "forest")
 
 
@@ -238,7 +239,7 @@ def report(data):
     sections = [("Setup", head), ("Time, memory, evaluations", table)]
     m = data["torchdiffeq_master"]
     if m is None:
-        sections.append(("torchdiffeq master", NOT_RUN))
+        sections.append(("torchdiffeq master", f"Not run: {HOW}."))     # (the heading names it)
     else:
         diffs = "\n".join(f"| {d['batch']} | {d['max_abs_diff']:.2e} |" for d in data["agreement"])
         sym = (", ".join(m["symplectic"]) if m["symplectic"] else
@@ -308,22 +309,25 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--child" in argv:
         return child_main(argv)
+    from ..cli import number
     from . import common
 
     ap = common.parser(__doc__)
     ap.add_argument("--torchdiffeq-src", default=None,
                     help="folder holding torchdiffeq master's torchdiffeq/ package (not installed)")
     ap.add_argument("--torchdiffeq-commit", default=None, help="recorded commit (default: git's)")
-    ap.add_argument("--steps", type=int, default=None, help="steps per solve (100; --quick 10)")
-    ap.add_argument("--h", type=float, default=0.01)
-    ap.add_argument("--batches", type=int, nargs="+", default=None, help="instead of the default list")
-    ap.add_argument("--max-batch", type=int, default=None, help="largest B (2**20; --quick 2**14)")
-    ap.add_argument("--cell-timeout", type=float, default=60.0, help="seconds per cell (default 60)")
-    ap.add_argument("--mem-cap-gib", type=float, default=4.0, help="address space per cell (default 4)")
+    positive = number("real", 0.0, lo_open=True)
+    ap.add_argument("--steps", type=number("int", 1), default=None, help="steps per solve (100; --quick 10)")
+    ap.add_argument("--h", type=positive, default=0.01)
+    ap.add_argument("--batches", type=number("int", 1), nargs="+", default=None, help="instead of the default list")
+    ap.add_argument("--max-batch", type=number("int", 1), default=None, help="largest B (2**20; --quick 2**14)")
+    ap.add_argument("--cell-timeout", type=positive, default=60.0, help="seconds per cell (default 60)")
+    ap.add_argument("--mem-cap-gib", type=positive, default=4.0, help="address space per cell (default 4)")
     args = ap.parse_args(argv)
     out = common.setup(args)
-    steps = args.steps or (10 if args.quick else 100)
-    Bs = batches(args.max_batch or (2 ** 14 if args.quick else 2 ** 20), args.batches)
+    steps = args.steps if args.steps is not None else (10 if args.quick else 100)
+    Bs = batches(args.max_batch if args.max_batch is not None else (2 ** 14 if args.quick else 2 ** 20),
+                 args.batches)
     master = None
     if args.torchdiffeq_src is None:
         print(NOT_RUN, file=sys.stderr)
