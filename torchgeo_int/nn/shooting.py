@@ -680,9 +680,9 @@ class TrajectoryFit(nn.Module):
     #: a half-sweep; below, differences of whole rollouts: a lifted half makes about three times
     #: the tensor operations of a plain one, and on a few nodes their fixed cost (µs each on a
     #: CPU) outweighs the rows it saves.  On the HNN study's CPU (SeparableHNN, width 200, one
-    #: thread) the two break even near 25 coordinates: 25 nodes of spring's single shooting
-    #: (n = 1, a 29-step segment) solved ~10 % faster by differences, 88 two-body nodes (n = 4,
-    #: one step) ~35 % faster by the chain rule
+    #: thread): the 25 nodes of spring's single shooting (n = 1, 29-step segments) are solved
+    #: 20–25 % faster by differences for (e), alike for (g); 88 two-body nodes (n = 4, one-step
+    #: segments) 20–30 % faster by the chain rule.  The threshold sits between the two
     CHAIN_RULE_SIZE = 32
 
     def _gauss_newton_step(self, index: Tensor, keep_grad: bool | None = None):
