@@ -387,7 +387,7 @@ def test_closed_form_input_gradient_equals_autograds(activation):
 
 @pytest.mark.parametrize("activation", ["tanh", "softplus", "sigmoid", "silu", "gelu", "elu", "sin"])
 @pytest.mark.parametrize("depth", [1, 3])
-def test_closed_form_input_hessian_equals_autograds(activation, depth):
+def test_closed_form_input_hessian_equals_autograds(activation, depth, monkeypatch):
     """MLP.input_grad_hessian: ∇f equal to input_grad's and ∇²f to torch.func.hessian's (exact,
     not differences), in float64 and float32, on inputs with leading batch dimensions; refused
     where input_grad is (several outputs, an activation without a closed form)."""
@@ -409,8 +409,14 @@ def test_closed_form_input_hessian_equals_autograds(activation, depth):
         tgi.nn.MLP(3, 2, width=9).input_grad_hessian(x)
     approx = tgi.nn.MLP(3, 1, width=9, activation=lambda: nn.GELU(approximate="tanh"))
     assert not approx.closed_form_hessian
-    with pytest.raises(ValueError, match="closed-form derivative"):
+    with pytest.raises(ValueError, match="closed-form second derivative.*GELU\\(approximate='tanh'\\)"):
         approx.input_grad_hessian(x)
+    # an activation with a first-derivative rule and no second: named as such (not "a hook")
+    monkeypatch.setitem(tgi.nn.modules.DERIVATIVES, nn.Softsign, lambda act, g, z, a: g / (1 + z.abs()) ** 2)
+    soft = tgi.nn.MLP(3, 1, width=9, activation=nn.Softsign)
+    assert soft.closed_form_grad and not soft.closed_form_hessian
+    with pytest.raises(ValueError, match="has the activation Softsign"):
+        soft.input_grad_hessian(x)
 
 def test_hnn_modules_take_the_closed_form_forces_and_fall_back_to_autograd():
     """The HNN modules' ∇H come from MLP.input_grad (the same values as autograd of their H),

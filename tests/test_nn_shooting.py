@@ -622,6 +622,51 @@ def test_a_separable_hnns_solve_takes_its_hessians_in_closed_form():
     fit_u = TrajectoryFit(user, q, p, dt=0.1, segment=2, gauss_newton=1)
     assert fit_u._closed_form_jacobian(fit_u._first_kick().velocity, "kinetic") is None
 
+
+def test_a_network_that_redefines_its_gradient_keeps_the_differences():
+    """A ScalarMLP subclass whose input_grad is another function (here of x/3) inherits an
+    input_grad_hessian that is not its Hessian: closed_form_hessian is False, the solve takes
+    differences, and the Jacobian rollout still equals jacrev's."""
+    from torchgeo_int.nn import ScalarMLP
+
+    class Scaled(ScalarMLP):                                   # f(x) = net(x / 3)
+        def forward(self, x):
+            return super().forward(x / 3)
+
+        def input_grad(self, x):
+            return self.net.input_grad(x / 3) / 3
+
+    torch.manual_seed(6)
+    H = tgi.SeparableHamiltonian(Scaled(2, width=8), Scaled(2, width=8))
+    assert H.kinetic.closed_form_grad and not H.kinetic.closed_form_hessian
+    assert ScalarMLP(2, width=8).closed_form_hessian
+    g = torch.Generator().manual_seed(7)
+    q, p = (torch.randn(3, 7, 2, generator=g) for _ in range(2))
+    tf = TrajectoryFit(H, q, p, dt=0.1, segment=3, gauss_newton=1)
+    stepper = tf._first_kick()
+    assert tf._closed_form_jacobian(stepper.velocity, "kinetic") is None
+    z = torch.cat([tf.q_nodes, tf.p_nodes], -1).reshape(-1, 4)
+    X, _ = tf._tangent_rollout(stepper, z)
+    torch.testing.assert_close(X[..., 0, :], tf._roll_states(z, None, stepper))
+    jac = torch.func.jacrev(lambda zz: tf._roll_states(zz.unsqueeze(0), None, stepper)[:, 0])(z[0])
+    torch.testing.assert_close(X[:, 0, 1:].transpose(-1, -2), jac, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("segment", [None, 2])
+def test_a_node_whose_rollout_overflows_is_refused_by_the_solve(segment, jacobians):
+    """A node state far outside the data (q = 1e70 through a q⁶ potential) overflows its
+    rollout: the solve raises FloatingPointError naming it (as the rollout's own check did
+    before the solve rolled out by the stepper's loop), whichever way it takes the Jacobians."""
+    H = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: (q ** 6).sum(-1),
+                                 kinetic_grad=lambda p: p, potential_grad=lambda q: 6 * q ** 5)
+    g = torch.Generator().manual_seed(1)
+    q, p = (torch.randn(2, 9, 1, generator=g) for _ in range(2))
+    tf = TrajectoryFit(H, q, p, dt=0.1, segment=segment, gauss_newton=1, layout="windows")
+    with torch.no_grad():
+        tf.q_nodes[0, 0] = 1e70
+    with pytest.raises(FloatingPointError, match=r"rollout of 1 of \d+ node states \(segment ids \[0\]\)"):
+        tf.solve_states()
+
 def test_a_sweep_solves_nodes_without_a_neighbour_in_the_batch_in_its_first_half():
     """Red–black only where it matters: nodes none of whose neighbours is solved with them go in
     the first half with the even nodes of the chains, the chains' odd nodes in the second; a

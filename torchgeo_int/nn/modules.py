@@ -197,9 +197,11 @@ class MLP(nn.Sequential):
 
     @property
     def closed_form_hessian(self) -> bool:
-        """:attr:`closed_form_grad`, and every activation's σ'' in ``SECOND``
-        (:meth:`input_grad_hessian` applies now)."""
-        return self.closed_form_grad and all(type(m) in SECOND for m in list(self)[1::2])
+        """:attr:`closed_form_grad`, every activation's σ'' in ``SECOND``, and ``input_grad``
+        and ``input_grad_hessian`` defined by the same class (:meth:`input_grad_hessian`
+        applies now, and is the Hessian of what :meth:`input_grad` computes)."""
+        return (self.closed_form_grad and _own_pair(type(self))
+                and all(type(m) in SECOND for m in list(self)[1::2]))
 
     def input_grad(self, x: Tensor) -> Tensor:
         r"""∂f/∂x of the scalar output f = w_Lᵀ σ(z_L), z_k = W_k a_{k−1} + b_k, a_0 = x, in
@@ -254,15 +256,16 @@ class MLP(nn.Sequential):
             raise TypeError(f"this network takes real inputs, got {x.dtype}")
         layers = list(self)
         if self.out_dim != 1:
-            raise _refusal(f"out_dim = {self.out_dim}")
+            raise _refusal(f"out_dim = {self.out_dim}", "input_grad_hessian")
         if _hooked(self) or _hooked(layers[-1]):
-            raise _refusal("a forward hook")
+            raise _refusal("a forward hook", "input_grad_hessian")
         lead, d = x.shape[:-1], x.shape[-1]
         a = x.reshape(-1, d)
         acts = []
         for lin, act in zip(layers[:-1:2], layers[1::2]):
             if _rule(act) is None or type(act) not in SECOND or _hooked(lin):
-                raise _refusal(f"the activation {act!r}" if _rule(act) is None else "a forward hook")
+                raise _refusal("a forward hook" if _rule(act) is not None and type(act) in SECOND
+                               else f"the activation {act!r}", "input_grad_hessian")
             z = nn.functional.linear(a, lin.weight, lin.bias)
             a = act(z)
             acts.append((lin.weight, *SECOND[type(act)](act, z, a)))     # (W_k, σ'(z_k), σ''(z_k))
@@ -287,11 +290,24 @@ class MLP(nn.Sequential):
         return u.reshape(x.shape), hess.reshape(*lead, d, d)
 
 
-def _refusal(why: str) -> ValueError:
+def _refusal(why: str, method: str = "input_grad") -> ValueError:
+    first = method == "input_grad"
     return ValueError(
-        "input_grad needs a one-output network without forward hooks whose activations have a "
-        f"closed-form derivative ({', '.join(t.__name__ for t in DERIVATIVES)}; GELU exact only; "
-        f"not in place); this one has {why}: take its gradient with torch.autograd.grad")
+        f"{method} needs a one-output network without forward hooks whose activations have a "
+        f"closed-form {'' if first else 'second '}derivative "
+        f"({', '.join(t.__name__ for t in (DERIVATIVES if first else SECOND))}; GELU exact only; "
+        f"not in place); this one has {why}: take its "
+        + ("gradient with torch.autograd.grad" if first else "Hessian with torch.func.hessian"))
+
+
+def _own_pair(cls) -> bool:
+    """Whether the class of ``cls``'s MRO that defines ``input_grad`` defines
+    ``input_grad_hessian`` too: a subclass that redefines the gradient (another function) and
+    inherits the Hessian would pair a Hessian with the wrong gradient."""
+    for c in cls.__mro__:
+        if "input_grad" in c.__dict__:
+            return "input_grad_hessian" in c.__dict__
+    return False
 
 class ScalarMLP(nn.Module):
     """A scalar function of one argument, f(x) = MLP(x) with shape ``x.shape[:-1]``
@@ -314,8 +330,9 @@ class ScalarMLP(nn.Module):
 
     @property
     def closed_form_hessian(self) -> bool:
-        """:attr:`MLP.closed_form_hessian` of the network, and no forward hook on this module."""
-        return not _hooked(self) and self.net.closed_form_hessian
+        """:attr:`MLP.closed_form_hessian` of the network, no forward hook on this module, and
+        ``input_grad`` and ``input_grad_hessian`` defined by the same class."""
+        return not _hooked(self) and _own_pair(type(self)) and self.net.closed_form_hessian
 
     def input_grad(self, x):
         """∂f/∂x, shape ``x.shape`` (closed form; see :meth:`MLP.input_grad`)."""

@@ -495,8 +495,10 @@ class TrajectoryFit(nn.Module):
         autograd-defined forces would need.
         The normal equations get a Levenberg–Marquardt shift of 10⁻⁶ of their mean diagonal, and
         where the step does not lower ℓ it is halved, up to 8 times (backtracking; not where
-        its predicted decrease is at ℓ's rounding level), and a node keeps its old state only
-        where none of them does (a monotone iteration).  With
+        its predicted decrease is at ℓ's rounding level; a candidate whose rollout is not finite
+        does not lower it), and a node keeps its old state only where none of them does (a
+        monotone iteration).  A node whose own rollout (or its predecessor's, into it) is not
+        finite raises ``FloatingPointError``.  With
         one segment (single shooting) a sweep is one Gauss–Newton step of a separable least
         squares problem per trajectory: quadratic convergence on consistent data."""
         index = self._index(index)
@@ -720,6 +722,15 @@ class TrajectoryFit(nn.Module):
                 _differences(D, eps[rows]) for (rows, _), D in zip(derivs[1], self._part_fields(X, derivs[1], D0))]
             X = _differences(X, eps)
         F = X[:, :, 0]                                                       # Φ^{(j)}(z)
+        bad = ~torch.isfinite(F).all(-1).all(0)
+        if prev_end is not None:
+            bad[has_prev] |= ~torch.isfinite(prev_end).all(-1)
+        if bool(bad.any()):        # (a candidate's overflow is a rejected step; the nodes' own is not)
+            raise FloatingPointError(
+                f"TrajectoryFit's state solve: the rollout of {int(bad.sum())} of {N} node states "
+                f"(segment ids {index[bad][:5].tolist()}{' …' if int(bad.sum()) > 5 else ''}), or of "
+                f"the previous node into it, is not finite: the model or the states overflow (a "
+                f"learning rate too large, or states far from the data)")
         J = X[:, :, 1:].transpose(-1, -2)                                    # (seg+1, N, out, in)
         A = a * torch.einsum("jnoi,jnok->nik", J, J)
         g = a * torch.einsum("jnoi,jno->ni", J, F - obs)
