@@ -429,7 +429,9 @@ class TrajectoryFit(nn.Module):
         step loop (the numbers :meth:`_roll` computes), also on the lifted stacks (…, 1 + 2n, 2n)
         of :meth:`_tangent_rollout`: the solve rolls out a few states many times a step, and
         :func:`~torchgeo_int.rollout`'s checks and output buffers cost more than such a rollout
-        (on the two-body study's one-step segments, a fifth of the solve)."""
+        (on the two-body study's one-step segments, a fifth of the solve).  That loop does not
+        check finiteness: :meth:`_gauss_newton_step` checks the nodes' own rollouts and rejects
+        a candidate whose rollout is not finite."""
         if stepper is None:
             return torch.cat(self._roll(z[:, :self.dim], z[:, self.dim:], force), -1)
         n, h = self.dim, self.dt / self.substeps
