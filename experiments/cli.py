@@ -1,8 +1,9 @@
-"""Argument types shared by the experiments' command lines: a bad number is argparse's one-line
-usage error (exit 2), not a traceback from deep inside a run."""
+"""What the experiments' command lines share: argument types (a bad number is argparse's one-line
+usage error, exit 2, not a traceback from deep inside a run) and the reports' "mean ± s.e." cell."""
 from __future__ import annotations
 
 import argparse
+import math
 
 from torchgeo_int._validate import check_int, check_real
 
@@ -25,3 +26,11 @@ def known(ap: argparse.ArgumentParser, flag: str, given, allowed) -> None:
     unknown = [g for g in given if g not in allowed]
     if unknown:
         ap.error(f"{flag}: unknown {', '.join(map(repr, unknown))}; known: {', '.join(map(str, allowed))}")
+
+
+def mean_pm_se(mean, se) -> str:
+    """A report's cell: "mean ± s.e.", the mean alone where the s.e. is not finite (one seed),
+    "—" without a mean."""
+    if mean is None:
+        return "—"
+    return f"{mean:.3g} ± {se:.2g}" if se is not None and math.isfinite(se) else f"{mean:.3g}"

@@ -49,6 +49,8 @@ import torchgeo_int as tgi
 from torchgeo_int.nn import (PortHamiltonianNN, forced_derivative_loss, forced_residual_loss,
                              forced_rollout_loss, finite_differences, seed_everything)
 
+from .cli import mean_pm_se
+
 C_TRUE = 0.15
 DT = 0.25
 K = 4                     # steps per training window
@@ -283,10 +285,8 @@ def _names(ap, flag, value, known):
 
 
 def _mean_pm_se(v) -> str:
-    """"mean ± s.e.", the mean alone with one seed (no s.e.), "—" without a value."""
-    if not v:
-        return "—"
-    return f"{v[0]:.3g}" + (f" ± {v[1]:.2g}" if math.isfinite(v[1]) else "")
+    """The report's cell of a (mean, s.e.) pair or None (:func:`experiments.cli.mean_pm_se`)."""
+    return mean_pm_se(*v) if v else "—"
 
 
 def _markdown(report, arms):

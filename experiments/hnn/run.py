@@ -31,7 +31,7 @@ import torch
 import torchgeo_int as tgi
 from torchgeo_int._validate import check_real
 
-from ..cli import number
+from ..cli import mean_pm_se, number
 from . import data as datasets
 from .train import arms as make_arms
 from .train import evaluate, failed_metrics, train, truth_floor
@@ -122,12 +122,6 @@ def _mean_se(values):
     mean = float(v.mean())
     se = float(v.std(ddof=1) / math.sqrt(v.size)) if v.size > 1 else float("nan")
     return mean, se
-
-
-def _fmt(mean, se):
-    if mean is None:
-        return "—"
-    return f"{mean:.3g} ± {se:.2g}" if math.isfinite(se) else f"{mean:.3g}"
 
 
 def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps: int | None = None,
@@ -364,7 +358,7 @@ def cross_task_table(reports: list[dict], metric: str, keys=None) -> str:
                 cells.append("—")
                 continue
             s = arm["summary"][metric]
-            cell = _fmt(s["mean"], s["se"])
+            cell = mean_pm_se(s["mean"], s["se"])
             base = r["arms"].get("a", {}).get("summary", {}).get(metric, {}).get("mean")
             if k != "a" and base and s["mean"] is not None:
                 cell += f" (×{s['mean'] / base:.2g})"
@@ -407,7 +401,7 @@ def markdown(rep: dict) -> str:
     for key, arm in rep["arms"].items():
         s = arm["summary"]
         lines.append(f"| {arm['label']} | {arm['evaluation']} | " + " | ".join(
-            _fmt(s[m]["mean"], s[m]["se"]) for m in ("state_mse", "energy_mse", "energy_drift",
+            mean_pm_se(s[m]["mean"], s[m]["se"]) for m in ("state_mse", "energy_mse", "energy_drift",
                                                      "eps_H", "train_seconds"))
             + f" | {len(s.get('failed_seeds', []))}/{len(arm['per_seed'])} |")
     for field, base in (("ratios_to_a", "(a)"), ("ratios_to_a_fd", "(a′)")):

@@ -213,30 +213,39 @@ class MLP(nn.Sequential):
         rounding) without the autograd engine: the forces of a learned H cost plain tensor
         operations, and under grad mode a loss differentiates them with one backward pass
         instead of a double backward.  Needs :attr:`closed_form_grad` (a clear error if not)."""
+        acts = self._sweep(x, "input_grad")
+        g = self[-1].weight[0]                            # ∂f/∂a_L; then the reverse sweep
+        for k in range(len(acts) - 1, -1, -1):
+            lin, act, rule, z, a = acts[k]
+            g = rule(act, g.expand_as(a) if k == len(acts) - 1 else g, z, a) @ lin.weight
+        return g
+
+    def _sweep(self, x: Tensor, method: str):
+        """The forward pass of :meth:`input_grad` (``method="input_grad"``) or
+        :meth:`input_grad_hessian` (whose activations need σ'' too) with the checks of
+        :attr:`closed_form_grad` / :attr:`closed_form_hessian`, made in the pass over the
+        layers (the rules are looked up there anyway: one pass a force on the rollout's hot
+        path): ``[(linear_k, σ_k, rule_k, z_k, a_k)]``."""
         self._check_input(x)
         if x.is_complex():
             raise TypeError(f"this network takes real inputs, got {x.dtype}: split a complex z "
                             "into torch.cat([z.real, z.imag], -1)")
-        # the checks of closed_form_grad, made in the sweep's own pass over the layers (the
-        # rules are looked up there anyway): one pass a force on the rollout's hot path
         layers = list(self)
         if self.out_dim != 1:
-            raise _refusal(f"out_dim = {self.out_dim}")
+            raise _refusal(f"out_dim = {self.out_dim}", method)
         if _hooked(self) or _hooked(layers[-1]):
-            raise _refusal("a forward hook")
-        acts, a = [], x                                   # forward: (rule, σ_k, z_k, a_k)
+            raise _refusal("a forward hook", method)
+        second = method != "input_grad"
+        acts, a = [], x
         for lin, act in zip(layers[:-1:2], layers[1::2]):
             rule = _rule(act)
-            if rule is None or _hooked(lin):
-                raise _refusal(f"the activation {act!r}" if rule is None else "a forward hook")
+            if rule is None or (second and type(act) not in SECOND) or _hooked(lin):
+                known = rule is not None and not (second and type(act) not in SECOND)
+                raise _refusal("a forward hook" if known else f"the activation {act!r}", method)
             z = nn.functional.linear(a, lin.weight, lin.bias)
             a = act(z)
-            acts.append((rule, act, z, a))
-        g = layers[-1].weight[0]                          # ∂f/∂a_L; then the reverse sweep
-        for k in range(len(acts) - 1, -1, -1):
-            rule, act, z, a = acts[k]
-            g = rule(act, g.expand_as(a) if k == len(acts) - 1 else g, z, a) @ layers[2 * k].weight
-        return g
+            acts.append((lin, act, rule, z, a))
+        return acts
 
     def input_grad_hessian(self, x: Tensor) -> tuple[Tensor, Tensor]:
         r"""(∂f/∂x, ∂²f/∂x²) of the scalar output (see :meth:`input_grad`) in closed form, shapes
@@ -250,27 +259,13 @@ class MLP(nn.Sequential):
         forward differences of :meth:`input_grad` would cost d more gradients (2 such products a
         layer each): for d = 4 and two hidden layers, 6 instead of 10.  Not differentiated
         again (call it under ``torch.no_grad()`` or on inputs without a graph where speed
-        matters); needs :attr:`closed_form_grad` (a clear error if not)."""
-        self._check_input(x)
-        if x.is_complex():
-            raise TypeError(f"this network takes real inputs, got {x.dtype}")
-        layers = list(self)
-        if self.out_dim != 1:
-            raise _refusal(f"out_dim = {self.out_dim}", "input_grad_hessian")
-        if _hooked(self) or _hooked(layers[-1]):
-            raise _refusal("a forward hook", "input_grad_hessian")
+        matters); needs :attr:`closed_form_hessian` (a clear error if not)."""
+        self._check_input(x)                              # (named in the caller's shape)
         lead, d = x.shape[:-1], x.shape[-1]
-        a = x.reshape(-1, d)
-        acts = []
-        for lin, act in zip(layers[:-1:2], layers[1::2]):
-            if _rule(act) is None or type(act) not in SECOND or _hooked(lin):
-                raise _refusal("a forward hook" if _rule(act) is not None and type(act) in SECOND
-                               else f"the activation {act!r}", "input_grad_hessian")
-            z = nn.functional.linear(a, lin.weight, lin.bias)
-            a = act(z)
-            acts.append((lin.weight, *SECOND[type(act)](act, z, a)))     # (W_k, σ'(z_k), σ''(z_k))
-        u = layers[-1].weight[0].expand_as(a)                             # u_L = ∂f/∂a_L
-        hess = a.new_zeros(a.shape[0], d, d)
+        acts = [(lin.weight, *SECOND[type(act)](act, z, a))               # (W_k, σ'(z_k), σ''(z_k))
+                for lin, act, _, z, a in self._sweep(x.reshape(-1, d), "input_grad_hessian")]
+        u = self[-1].weight[0].expand_as(acts[-1][1])                     # u_L = ∂f/∂a_L
+        hess = u.new_zeros(u.shape[0], d, d)
         grads = []
         for k in range(len(acts) - 1, -1, -1):                            # the reverse sweep
             W, d1, d2 = acts[k]

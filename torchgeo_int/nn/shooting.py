@@ -109,6 +109,13 @@ def _step_size(x: Tensor) -> Tensor:
     return torch.finfo(x.dtype).eps ** 0.5 * x.abs().amax(-1, keepdim=True).clamp_min(1.0)
 
 
+def _perturbed(x: Tensor, eps: Tensor) -> Tensor:
+    """The points x and x + ε e_c of each row of x (N, k): shape (N, 1 + k, k)."""
+    pts = x.unsqueeze(1).repeat(1, x.shape[-1] + 1, 1)
+    pts[:, 1:].diagonal(dim1=1, dim2=2).add_(eps)
+    return pts
+
+
 def _differences(X: Tensor, eps: Tensor) -> Tensor:
     """Values at x and x + ε e_k, ``X[..., N, 1 + k, :]``, as the value and the difference
     quotients (f(x + ε e_k) − f(x)) / ε in the same layout (eps of shape (N, 1))."""
@@ -132,10 +139,8 @@ def _lifted(half, jacobian=None):
             f = f.unsqueeze(1)
         else:
             eps = _step_size(base)                                     # (L, 1)
-            pts = base.unsqueeze(1).repeat(1, n + 1, 1)
-            pts[:, 1:].diagonal(dim1=1, dim2=2).add_(eps)
-            values = half(pts.reshape(-1, n)).view(-1, n + 1, n)
-            f, jac = values[:, :1], (values[:, 1:] - values[:, :1]) / eps.unsqueeze(-1)   # row c: ∂f/∂x_c
+            values = _differences(half(_perturbed(base, eps).reshape(-1, n)).view(-1, n + 1, n), eps)
+            f, jac = values[:, :1], values[:, 1:]                      # row c: ∂f/∂x_c
         tangents = x[..., 1:, :].reshape(base.shape[0], -1, n) @ jac
         return torch.cat([f, tangents], 1).view(x.shape)
     return lifted
@@ -668,7 +673,7 @@ class TrajectoryFit(nn.Module):
         module = getattr(self.model, energy, None)
         if (module is None or getattr(half, "__self__", None) is not module
                 or getattr(half, "__func__", None) is not getattr(type(module), "input_grad", None)
-                or not hasattr(module, "input_grad_hessian") or not module.closed_form_hessian):
+                or not getattr(module, "closed_form_hessian", False)):
             return None
         return module.input_grad_hessian
 
@@ -706,8 +711,7 @@ class TrajectoryFit(nn.Module):
             X, fields = self._tangent_rollout(stepper, z, None if derivs is None else derivs[1])
         else:      # forward differences of the rollout: the 2n + 1 states z and z + ε e_k
             eps = _step_size(z)
-            Z = z.unsqueeze(1).repeat(1, m + 1, 1)                          # (N, m + 1, m)
-            Z[:, 1:] += torch.diag_embed(eps.expand(N, m))
+            Z = _perturbed(z, eps)                                          # (N, m + 1, m)
             force = D0 = None
             if stepper is not None and derivs is not None:
                 # H = T(p) + V(q): a perturbation of q leaves ∂T/∂p as it is and one of p the
