@@ -544,7 +544,8 @@ def test_gauss_newton_jacobians_come_by_the_chain_rule_at_n_plus_one_points_a_ha
     ∂Φ^{(j)}/∂z and ∂X_H(Φ^{(j)}(z))/∂z equal autograd's (jacrev of the rollout) to the forward
     differences' accuracy, and each kick (drift) evaluates ∂V/∂q (∂T/∂p) at n + 1 points a node,
     however many tangents ride along (2n + 1 perturbed rollouts before: 3(2n + 1) − n a Verlet
-    step with the field at the node, now 2(n + 1) + n + 1)."""
+    step with the field at the node, now 2(n + 1) + n + 1).  X_H where the derivatives are
+    matched takes the rollout's own force terms there (FSAL) and ∂T/∂p anew."""
     n, rows = 2, {"V": 0, "T": 0}
     A = torch.tensor([[1.0, 0.3], [0.3, 0.7]])
 
@@ -575,7 +576,7 @@ def test_gauss_newton_jacobians_come_by_the_chain_rule_at_n_plus_one_points_a_ha
     # X_H where the derivative parts take it besides the nodes: j = 1..segment − 1 of every
     # segment and the last segments' ends (single shooting: j = 1..segment)
     extra = seg * N if len(parts) == 1 else (seg - 1) * N + int(parts[1][0].sum())
-    assert rows["V"] == (n + 1) * (R["V"] + extra)       # the node's ∂V/∂q: the first kick's
+    assert rows["V"] == (n + 1) * R["V"]                 # every ∂V/∂q there: the rollout's own
     assert rows["T"] == (n + 1) * (R["T"] + N + extra)
     torch.testing.assert_close(X[..., 0, :], plain)
 
@@ -692,6 +693,32 @@ def test_a_sweep_solves_nodes_without_a_neighbour_in_the_batch_in_its_first_half
     torch.testing.assert_close(best, torch.cat(alone), rtol=1e-12, atol=1e-15)
 
 
+def test_a_few_neighbours_in_a_sparse_batch_join_the_first_half():
+    """The odd nodes of a sweep's chains take a half-sweep of their own only from
+    GAUSS_SEIDEL_FRACTION of its nodes: one pair among a sparse batch's lone nodes is one half,
+    each node of the pair solved against its neighbour's old state (Jacobi), and the ℓ returned
+    is taken at the new states of both."""
+    H = _pendulum()
+    q, p, _ = _data(H, B=4, T=21, noise=0.05, seed=5)
+    kw = dict(dt=0.1, segment=2, gauss_newton=1, continuity=0.5)
+    S = 10
+    ids = torch.tensor([3, 4, 7, S + 1, S + 5, S + 8, 2 * S + 2, 2 * S + 6, 3 * S + 0, 3 * S + 4])
+    tf = TrajectoryFit(H, q, p, **kw)
+    assert tf._halves(ids)[1] is None                      # 1 odd node of 10 < 1/8 of them
+    assert tf._halves(ids[:4])[1] is not None              # 1 of 4: a half of its own
+    best = tf.solve_states(ids)
+    jacobi = [TrajectoryFit(H, q, p, **kw) for _ in ids]
+    for fit, i in zip(jacobi, ids):
+        fit.solve_states(i.view(1))
+    qn, pn = tf.q_nodes.reshape(-1, 1), tf.p_nodes.reshape(-1, 1)
+    for fit, i in zip(jacobi, ids):
+        torch.testing.assert_close(qn[i], fit.q_nodes.reshape(-1, 1)[i], rtol=0, atol=1e-14)
+        torch.testing.assert_close(pn[i], fit.p_nodes.reshape(-1, 1)[i], rtol=0, atol=1e-14)
+    with torch.no_grad():
+        z, *_, objective = tf._objective(ids)
+        torch.testing.assert_close(best, objective(tf._roll_states(z), z), rtol=1e-12, atol=1e-15)
+
+
 def test_gauss_newton_halves_a_step_that_overshoots(monkeypatch):
     """Far from the solution (100-step single shooting through a pendulum of the wrong frequency)
     the full Gauss–Newton step raises some nodes' ℓ; it is then halved until ℓ falls, so every
@@ -756,19 +783,25 @@ def test_gauss_newton_solves_only_the_batch_and_the_model_trains_at_solved_state
 
 
 @pytest.mark.parametrize("method, steps", [("verlet", 1), ("yoshida4", 2), ("implicit_midpoint", 1)])
-def test_single_shooting_loss_reuses_the_solves_last_rollout(method, steps):
-    """Single shooting with every node solved: the loss is the rollout of the solve's accepted
-    candidate (the same states, the same θ), not a second one — and loss and θ-gradient equal
-    those of solving first and then rolling out (bit for bit); a node that rejects its step (a
-    model the step cannot improve) makes the loss roll out again, and multiple shooting never
-    reuses.  (The solve's own rollouts are graph-free; a splitting's run its step loop, not
-    ``_roll``: only the grad-mode rollouts are counted.)"""
+@pytest.mark.parametrize("segment, derivatives", [(None, False), (5, False), (2, True)])
+def test_the_loss_reuses_the_solves_last_rollouts(monkeypatch, method, steps, segment, derivatives):
+    """With every node solved, the loss is made of the rollouts of the solve's accepted
+    candidates (the same states, the same θ), one a half-sweep, not a second rollout — and loss
+    and θ-gradient equal those of solving first and then evaluating (bit for bit with one
+    half, as single shooting; to rounding with two, whose rows the loss takes in the halves'
+    order); a half one of whose nodes does not take its full step (an overshoot, halved) makes
+    the loss roll it out again.  (The solve's own rollouts are graph-free; a splitting's run its step
+    loop, not ``_roll``: only the grad-mode rollouts are counted.)"""
     H = _oscillator()
     q, p, _ = _data(H, B=6, T=11, noise=0.05, seed=4)
     torch.manual_seed(1)
     model = SeparableHNN(1, width=16)
+    kw = dict(segment=segment)
+    if derivatives:
+        kw["derivatives"] = tuple(x + 0.05 * torch.randn_like(x) for x in H.vector_field(q, p, 0.0))
+    halves = 1 if segment is None else 2
 
-    def fitted(**kw):
+    def fitted():
         tf = TrajectoryFit(model, q, p, dt=0.1, method=method, gauss_newton=steps, **kw)
         calls = []
         roll = tf._roll
@@ -779,26 +812,53 @@ def test_single_shooting_loss_reuses_the_solves_last_rollout(method, steps):
         return calls.count(True), calls[-1]
 
     a, calls_a = fitted()
+    assert len([c for c in a._halves(a._index(None)) if c is not None]) == halves
     loss_a = a()
     grads_a = torch.autograd.grad(loss_a, list(model.parameters()))
-    assert graph(calls_a) == (1, True)                      # the solve's last candidate, reused
+    assert graph(calls_a) == (halves, True)                 # the solve's last candidates, reused
     b, calls_b = fitted()
     b.solve_states(steps=steps)
     b.eval()                                                # evaluation: no solve, one rollout
     loss_b = b()
     grads_b = torch.autograd.grad(loss_b, list(model.parameters()))
+    assert graph(calls_b) == (1, True)
     assert torch.equal(a.q_nodes, b.q_nodes) and torch.equal(a.p_nodes, b.p_nodes)
-    assert float(loss_a) == float(loss_b)
-    assert all(torch.equal(x, y) for x, y in zip(grads_a, grads_b))
-    with torch.no_grad():                                   # the solved states: no step improves them
-        a.solve_states(steps=8)
+    if halves == 1:
+        assert float(loss_a) == float(loss_b)
+        assert all(torch.equal(x, y) for x, y in zip(grads_a, grads_b))
+    else:
+        torch.testing.assert_close(loss_a, loss_b, rtol=1e-13, atol=0)
+        for x, y in zip(grads_a, grads_b):
+            torch.testing.assert_close(x, y, rtol=1e-11, atol=1e-15)
     calls_a.clear()
     a.train()
+    solve = torch.linalg.solve                              # a Gauss–Newton step that overshoots:
+    monkeypatch.setattr(torch.linalg, "solve", lambda A, g: 1e4 * solve(A, g))   # halved, not full
     a()
-    assert graph(calls_a) == (2, True)                      # the candidate, then the loss's own
-    multi, calls_m = fitted(segment=5)
-    multi()
-    assert graph(calls_m) == (1, True)                      # the loss rolls out anew
+    assert calls_a.count(True) == halves + 1 and calls_a[-1]  # the candidates, then the loss's own
+
+
+def test_the_loss_rolls_out_the_unsolved_nodes_beside_the_solved_ones():
+    """With ``solve_every`` > 1 a batch mixes nodes solved now (their rollouts come from the
+    solve) and nodes that are not: the loss rolls those out, and equals the loss of the same
+    states evaluated afterwards (to rounding: its rows come in another order), continuity and
+    derivative terms included."""
+    H = _oscillator()
+    q, p, _ = _data(H, B=5, T=13, noise=0.05, seed=6)
+    derivs = tuple(x + 0.05 * torch.randn_like(x) for x in H.vector_field(q, p, 0.0))
+    torch.manual_seed(2)
+    model = SeparableHNN(1, width=16)
+    tf = TrajectoryFit(model, q, p, dt=0.1, segment=3, gauss_newton=1, solve_every=2,
+                       derivatives=derivs)
+    total = tf.trajectories * tf.n_segments
+    tf.visits[::3] = 1                                      # a third of the nodes are not due
+    index = torch.randperm(total, generator=torch.Generator().manual_seed(0))[:12]
+    due = int((tf.visits[index] % 2 == 0).sum())
+    assert 0 < due < index.numel()
+    loss = tf(index)
+    tf.eval()
+    torch.testing.assert_close(loss, tf(index), rtol=1e-13, atol=0)
+    assert tf.visits[index].min() >= 1
 
 
 def test_trajectory_fit_refuses_time_first_data_unless_told():

@@ -102,6 +102,11 @@ DERIVATIVES: dict[type, Callable] = {
 }
 
 
+def _times(d1, f):
+    """(σ', σ' ⊙ f): σ'' where it is σ' times a factor (σ' computed once)."""
+    return d1, d1 * f
+
+
 def _softplus_d2(act, z, a):
     bz = act.beta * z
     s = torch.sigmoid(bz)
@@ -128,8 +133,8 @@ def _elu_d2(act, z, a):
 #: (σ'(z), σ''(z)) of the activations of DERIVATIVES, given (module, z, a = σ(z)):
 #: :meth:`MLP.input_grad_hessian`'s rules.
 SECOND: dict[type, Callable] = {
-    nn.Tanh: lambda act, z, a: (1 - a * a, -2 * a * (1 - a * a)),
-    nn.Sigmoid: lambda act, z, a: (a * (1 - a), a * (1 - a) * (1 - 2 * a)),
+    nn.Tanh: lambda act, z, a: _times(1 - a * a, -2 * a),              # (σ', σ' ⊙ (−2a))
+    nn.Sigmoid: lambda act, z, a: _times(a * (1 - a), 1 - 2 * a),
     nn.Softplus: _softplus_d2, nn.SiLU: _silu_d2, nn.GELU: _gelu_d2, nn.ELU: _elu_d2,
     Sin: lambda act, z, a: (torch.cos(z), -a),
 }
@@ -265,7 +270,6 @@ class MLP(nn.Sequential):
         acts = [(lin.weight, *SECOND[type(act)](act, z, a))               # (W_k, σ'(z_k), σ''(z_k))
                 for lin, act, _, z, a in self._sweep(x.reshape(-1, d), "input_grad_hessian")]
         u = self[-1].weight[0].expand_as(acts[-1][1])                     # u_L = ∂f/∂a_L
-        hess = u.new_zeros(u.shape[0], d, d)
         grads = []
         for k in range(len(acts) - 1, -1, -1):                            # the reverse sweep
             W, d1, d2 = acts[k]
@@ -275,7 +279,7 @@ class MLP(nn.Sequential):
         for k, (W, d1, _) in enumerate(acts):
             c = grads[len(acts) - 1 - k]
             if Jt is None:            # J_1 = W_1, shared: Σ_a c_a W_ai W_aj as one product
-                hess += (c @ (W.unsqueeze(2) * W.unsqueeze(1)).reshape(W.shape[0], d * d)).view(-1, d, d)
+                hess = (c @ (W.unsqueeze(2) * W.unsqueeze(1)).reshape(W.shape[0], d * d)).view(-1, d, d)
                 Jt = W.t().contiguous()
             else:
                 Jt = Jt @ W.t()

@@ -349,28 +349,33 @@ class TrajectoryFit(nn.Module):
                             "or evaluate its model, tf.model")
         total = self.trajectories * self.n_segments
         index = self._index(index)
-        n, seg, S = self.dim, self.segment, self.n_segments
-        rolled = None
+        n, S = self.dim, self.n_segments
+        # the loss's rollouts by segment ids: [(ids, (qs, ps), X_H at the nodes or None)]
+        pieces, share = [], True
         if self.gauss_newton and self.training:
             due = index[self.visits[index] % self.solve_every == 0]
             if due.numel():
-                # single shooting with every node solved: the last sweep's candidate rollout,
-                # taken in the caller's grad mode, is the loss's rollout when every node takes
-                # its step (the same states and θ), so it is not rolled out twice
-                keep = S == 1 and due.numel() == index.numel()
-                _, rolled = self._solve(due, self.gauss_newton, keep_grad=torch.is_grad_enabled() if keep else None)
+                # the last sweep's accepted candidates, rolled out in the caller's grad mode, are
+                # the loss's rollouts of those nodes (the same states and θ): not rolled out
+                # twice.  A batch solved whole takes X_H at its nodes with its other points, in
+                # one evaluation of the field, not from the rollouts' first kicks (see
+                # _loss_roll), as when single shooting alone reused its rollouts: the spring and
+                # pendulum studies (full batches, single shooting) train bit for bit as then
+                share = due.numel() < index.numel()
+                pieces = self._solve(due, self.gauss_newton, keep_grad=torch.is_grad_enabled(),
+                                     share=share)[1]
+                share = share or not pieces          # (none came back: the loss rolls all out)
             self.visits[index] += 1
         qn, pn = self.q_nodes.reshape(total, n), self.p_nodes.reshape(total, n)
-        qi, pi = qn[index], pn[index]
-        # X_H at the nodes, its force handed to the rollout's first kick (one evaluation for
-        # both), where the derivative term takes every point and no gradient reaches the nodes
-        stepper = node = None
-        if (rolled is None and self._matches_derivatives() and not self.q_nodes.requires_grad
-                and (self.derivative_points is None or not self.training)):
-            stepper = self._first_kick()
-            node = None if stepper is None else self._halves_at(stepper, torch.cat([qi, pi], -1))
-        # (seg + 1, N, n); qs[0] is the node
-        qs, ps = rolled if rolled is not None else self._roll(qi, pi, *(() if node is None else (node[0], stepper)))
+        rest = index if not pieces else index[~torch.isin(index, torch.cat([ids for ids, *_ in pieces]))]
+        if rest.numel():
+            pieces.append((rest, *self._loss_roll(qn[rest], pn[rest], share)))
+        if len(pieces) == 1:
+            index, (qs, ps), node = pieces[0]
+        else:                  # (the rows in the pieces' order: the loss is a mean over them)
+            index = torch.cat([ids for ids, *_ in pieces])
+            qs, ps = (torch.cat([r[i] for _, r, _ in pieces], 1) for i in (0, 1))
+            node = None if pieces[0][2] is None else torch.cat([f for *_, f in pieces])
         eq = qs - self.q_obs[index].transpose(0, 1)
         ep = ps - self.p_obs[index].transpose(0, 1)
         loss = 0.5 * ((eq * eq).mean() + (ep * ep).mean())
@@ -399,7 +404,7 @@ class TrajectoryFit(nn.Module):
                 fq, fp = self.model.vector_field(Q, P, 0.0)
             else:                     # the first index.numel() points are the nodes (j = 0)
                 N = index.numel()
-                f = node[1] if Q.shape[0] == N else torch.cat([node[1], self._field(torch.cat([Q[N:], P[N:]], -1))])
+                f = node if Q.shape[0] == N else torch.cat([node, self._field(torch.cat([Q[N:], P[N:]], -1))])
                 fq, fp = f[:, :n], f[:, n:]
             eq, ep = fq - dQ, fp - dP
             loss = loss + self._derivative_weight_now() * 0.5 * ((eq * eq).mean() + (ep * ep).mean())
@@ -428,7 +433,21 @@ class TrajectoryFit(nn.Module):
                      save_every=self.substeps, step=stepper, cache=force,
                      check_every=self.rollout_options.get("check_every", 64))
 
-    def _roll_states(self, z: Tensor, force: Tensor | None = None, stepper=None) -> Tensor:
+    def _loss_roll(self, q: Tensor, p: Tensor, share: bool = True):
+        """The loss's rollout of the node states (q, p) (N, n): ((qs, ps) of :meth:`_roll`, X_H at
+        the nodes (N, 2n) or None).  With ``share``, where the derivative term takes every point
+        at the nodes and no gradient reaches them, X_H there comes from the training
+        integrator's halves and its force is handed to the rollout's first kick
+        (:meth:`_first_kick`): one evaluation for both."""
+        if (share and self._matches_derivatives() and not self.q_nodes.requires_grad
+                and (self.derivative_points is None or not self.training)):
+            stepper = self._first_kick()
+            if stepper is not None:
+                force, field = self._halves_at(stepper, torch.cat([q, p], -1))
+                return self._roll(q, p, force, stepper), field
+        return self._roll(q, p), None
+
+    def _roll_states(self, z: Tensor, force: Tensor | None = None, stepper=None, forces: bool = False):
         """:meth:`_roll` of states z = (q, p) of shape (N, 2n): (segment + 1, N, 2n) — the state
         solve's graph-free rollouts.  With a splitting ``stepper`` (:meth:`_first_kick`) its own
         step loop (the numbers :meth:`_roll` computes), also on the lifted stacks (…, 1 + 2n, 2n)
@@ -436,15 +455,20 @@ class TrajectoryFit(nn.Module):
         :func:`~torchgeo_int.rollout`'s checks and output buffers cost more than such a rollout
         (on the two-body study's one-step segments, a fifth of the solve).  That loop does not
         check finiteness: :meth:`_gauss_newton_step` checks the nodes' own rollouts and rejects
-        a candidate whose rollout is not finite."""
+        a candidate whose rollout is not finite.  With ``forces`` (a stepper and the first
+        ``force`` given) also the force terms at the rollout's states, (segment + 1, N, …, n),
+        the steps' own (FSAL), or None where a step ends in a drift."""
         if stepper is None:
             return torch.cat(self._roll(z[:, :self.dim], z[:, self.dim:], force), -1)
         n, h = self.dim, self.dt / self.substeps
-        q, p, out = z[..., :n], z[..., n:], [z]
+        q, p, out, fs = z[..., :n], z[..., n:], [z], [force]
         for _ in range(self.segment):
             q, p, force = stepper.steps(q, p, 0.0, h, self.substeps, force)
             out.append(torch.cat([q, p], -1))
-        return torch.stack(out)
+            fs.append(force)
+        if not forces:
+            return torch.stack(out)
+        return torch.stack(out), None if any(f is None for f in fs) else torch.stack(fs)
 
     #: rollout options under which the training rollout may be handed its first force
     _PLAIN = {"grad": "backprop", "compile": False, "progress": False}
@@ -486,7 +510,10 @@ class TrajectoryFit(nn.Module):
         two halves, red–black block Gauss–Seidel on each chain of neighbouring nodes of
         ``index``: first the even nodes s of the chains and every node with no neighbour in
         ``index`` (its neighbours stay as they are in either half), then the odd ones; each half
-        sees its neighbours' new states, about twice Jacobi's rate on a chain.  The Jacobians
+        sees its neighbours' new states, about twice Jacobi's rate on a chain.  Where the odd
+        nodes are fewer than :attr:`GAUSS_SEIDEL_FRACTION` of ``index`` (the few neighbours that a
+        sparse minibatch of segment ids happens to hold) they join the first half and see their
+        neighbours' old states (Jacobi).  The Jacobians
         ∂Φ^{(j)}/∂z (and ∂X_H/∂z) are forward differences, ε = √u · max(1, |x|_∞), u the unit
         roundoff, of one graph-free rollout of the 2n + 1 states z and z + ε e_k: a Gauss–Newton
         step needs them only to the accuracy of its linear model.  Through a kick–drift splitting
@@ -511,9 +538,10 @@ class TrajectoryFit(nn.Module):
         index = self._index(index)
         best = self._solve(index, steps)[0]
         first, second = self._halves(index)
-        # the first half's ℓ was taken before the second moved its neighbours: take it again
-        # where it has a neighbour there
-        again = first & self._has_neighbour(index, index[second]) if second is not None else None
+        # ℓ was taken before a neighbour moved (the first half's before the second's, or in one
+        # half before the others): take it again there
+        again = None if self.continuity <= 0 else \
+            first & self._has_neighbour(index, index if second is None else index[second])
         if again is not None and bool(again.any()):
             with torch.no_grad():
                 stepper = self._first_kick()
@@ -531,34 +559,43 @@ class TrajectoryFit(nn.Module):
 
     def _halves(self, index: Tensor):
         """The two halves of a sweep over ``index`` (see :meth:`solve_states`): masks (first,
-        second), second None where every node is in the first (no two are neighbours, or with
-        one segment a trajectory, or with no continuity term to couple them)."""
+        second), second None where every node is in the first (no two are neighbours, or too
+        few for a half of their own, or with one segment a trajectory, or with no continuity
+        term to couple them)."""
         S = self.n_segments
         everything = torch.ones_like(index, dtype=torch.bool)
         if S == 1 or self.continuity <= 0:
             return everything, None
         second = ((index % S) % 2 == 1) & self._has_neighbour(index, index)
-        if not bool(second.any()):
+        if int(second.sum()) < max(1.0, self.GAUSS_SEIDEL_FRACTION * index.numel()):
             return everything, None
         return ~second, second
 
+    #: the odd nodes of a sweep's chains are a half-sweep of their own (Gauss–Seidel) from this
+    #: fraction of its nodes, else they join the first half (Jacobi for them).  A half-sweep
+    #: has a fixed cost: on the two-body study (1400 segment ids a step, each solved at one
+    #: visit in 8) about half the steps' solved nodes hold 1–3 neighbours, whose half-sweep
+    #: cost 2.7 ms, 2.7 % of a (g) step, for a better start of 1–3 nodes of 39 200.  A chain
+    #: of the whole grid (a full batch) is half odd nodes
+    GAUSS_SEIDEL_FRACTION = 1 / 8
+
     @torch.no_grad()
-    def _solve(self, index, steps, keep_grad: bool | None = None):
-        """:meth:`solve_states` on checked ids (:meth:`_index`), and with ``keep_grad`` (single
-        shooting only) the last sweep's rollout of the new states in that grad mode when every
-        node took its step, else None."""
+    def _solve(self, index, steps, keep_grad: bool | None = None, share: bool = True):
+        """:meth:`solve_states` on checked ids (:meth:`_index`): (ℓ per node, and with
+        ``keep_grad`` the loss's rollouts of the last sweep's new states, in that grad mode,
+        ``[(ids, (qs, ps), X_H at the nodes or None)]`` (:meth:`_loss_roll` with ``share``), one
+        a half-sweep where every node of it took its step; else [])."""
         steps = check_int(steps, "steps", 1)
-        S = self.n_segments
-        if keep_grad is not None and S != 1:
-            raise ValueError("keep_grad applies to single shooting (one segment a trajectory)")
         best = torch.empty(index.shape[0], dtype=self.q_nodes.dtype, device=index.device)
         colors = [c for c in self._halves(index) if c is not None]
-        rolled = None
+        pieces = []
         for sweep in range(steps):
             for color in colors:
                 keep = keep_grad if sweep == steps - 1 else None
-                best[color], rolled = self._gauss_newton_step(index[color], keep)
-        return best, rolled
+                best[color], rolled = self._gauss_newton_step(index[color], keep, share)
+                if rolled is not None:
+                    pieces.append((index[color], *rolled))
+        return best, pieces
 
     def _objective(self, index: Tensor, stepper=None):
         """The parts of ℓ (:meth:`solve_states`) for the nodes ``index``, their neighbours as they
@@ -623,20 +660,32 @@ class TrajectoryFit(nn.Module):
             parts.append((last, (slice(-1, None), last)))
         return parts
 
-    def _part_fields(self, X: Tensor, parts, D0: Tensor | None = None, field=None) -> list[Tensor]:
+    def _part_fields(self, X: Tensor, parts, D0: Tensor | None = None, halves=None,
+                     forces: Tensor | None = None) -> list[Tensor]:
         """X_H at ``X[j]`` for each part ``(rows, j)`` of :meth:`_derivative_parts` (X of shape
-        ``(segment + 1, N, …, 2n)``); ``D0``: X_H at ``X[0]`` (the nodes) where already known
-        (the first part is the one that starts at j = 0, on every node); ``field``: the map
-        taking X_H (default :meth:`_field`; the Jacobian rollout's lifted field)."""
-        field = self._field if field is None else field
-        fields = []
-        for i, (_, j) in enumerate(parts):
-            if i == 0 and D0 is not None:
-                rest = X[j][1:]
-                fields.append(torch.cat([D0.unsqueeze(0), field(rest)]) if rest.shape[0]
-                              else D0.unsqueeze(0))
+        ``(segment + 1, N, …, 2n)``), every part's points in one evaluation: of
+        :meth:`_field`, or with ``halves`` = (∂T/∂p, force term) maps (the Jacobian rollout's
+        lifted ones) (∂T/∂p, force_sign × force term), the force terms ``forces`` at X's points
+        where known (the rollout's own, FSAL).  ``D0``: X_H at ``X[0]`` (the nodes) where
+        already known (the first part is the one that starts at j = 0, on every node)."""
+        n = self.dim
+        pts = [X[j][1:] if i == 0 and D0 is not None else X[j] for i, (_, j) in enumerate(parts)]
+        flat = torch.cat([x.flatten(0, 1) for x in pts])             # (points, …, 2n)
+        if not flat.shape[0]:
+            D = flat
+        elif halves is None:
+            D = self._field(flat)
+        else:
+            velocity, force_term = halves
+            if forces is None:
+                force = force_term(flat[..., :n])
             else:
-                fields.append(field(X[j]))
+                force = torch.cat([(forces[j][1:] if i == 0 and D0 is not None else forces[j]).flatten(0, 1)
+                                   for i, (_, j) in enumerate(parts)])
+            D = torch.cat([velocity(flat[..., n:]), self.model.force_sign * force], -1)
+        fields = [d.view(x.shape) for d, x in zip(D.split([x.shape[0] * x.shape[1] for x in pts]), pts)]
+        if D0 is not None:
+            fields[0] = torch.cat([D0.unsqueeze(0), fields[0]])
         return fields
 
     def _tangent_rollout(self, stepper, z: Tensor, parts=None):
@@ -646,24 +695,19 @@ class TrajectoryFit(nn.Module):
         ∂Φ^{(j)}/∂z_k in ``[..., 1 + k, :]``.  Each kick and drift takes its half's Jacobian at
         its one state (closed form, :meth:`_closed_form_jacobian`, or differences at n + 1
         points) instead of rolling out 2n + 1 states.  With the derivative ``parts``
-        (:meth:`_derivative_parts`) also X_H at their states, linearised alike (the node's force
-        serves the first kick and the field at once); else None."""
+        (:meth:`_derivative_parts`) also X_H at their states, linearised alike: the force terms
+        the rollout's own (the node's serves the first kick and the field at once), ∂T/∂p at
+        all of them in one evaluation; else None."""
         n, m = self.dim, 2 * self.dim
         velocity, force_term = (_lifted(half, self._closed_form_jacobian(half, energy)) for half, energy in
                                 ((stepper.velocity, "kinetic"), (stepper.force_term, "potential")))
         lifted = SplittingStepper(stepper.system, stepper.pairs, stepper.last, velocity, force_term)
         eye = torch.eye(m, dtype=z.dtype, device=z.device).expand(z.shape[0], m, m)
         Z = torch.cat([z.unsqueeze(1), eye], 1)                              # (N, 1 + m, m)
-        node_force = force_term(Z[..., :n])
-        X = self._roll_states(Z, node_force, lifted)
+        X, forces = self._roll_states(Z, force_term(Z[..., :n]), lifted, forces=True)
         if parts is None:
             return X, None
-
-        def field(Y):                        # X_H on lifted stacks (…, 1 + m, m)
-            return torch.cat([velocity(Y[..., n:]), self.model.force_sign * force_term(Y[..., :n])], -1)
-
-        node = torch.cat([velocity(Z[..., n:]), self.model.force_sign * node_force], -1)
-        return X, self._part_fields(X, parts, node, field)
+        return X, self._part_fields(X, parts, halves=(velocity, force_term), forces=forces)
 
     def _closed_form_jacobian(self, half, energy: str):
         """The model's ``energy`` module's ``input_grad_hessian`` where ``half`` is that module's
@@ -694,11 +738,12 @@ class TrajectoryFit(nn.Module):
     #: segments) 20–30 % faster by the chain rule.  The threshold sits between the two
     CHAIN_RULE_SIZE = 32
 
-    def _gauss_newton_step(self, index: Tensor, keep_grad: bool | None = None):
+    def _gauss_newton_step(self, index: Tensor, keep_grad: bool | None = None, share: bool = True):
         """One monotone Gauss–Newton step on the nodes ``index`` (neighbours fixed), written into
         ``q_nodes`` / ``p_nodes``; ℓ per node after it (see :meth:`solve_states`), and with
-        ``keep_grad`` the candidate's rollout ``(qs, ps)`` in that grad mode when every node
-        took the step (None otherwise)."""
+        ``keep_grad`` the loss's rollout of the candidate in that grad mode when every node
+        took the step, ``((qs, ps), X_H at the nodes or None)`` (:meth:`_loss_roll` with
+        ``share``; None otherwise)."""
         total, n, seg = self.trajectories * self.n_segments, self.dim, self.segment
         m = 2 * n
         stepper = self._first_kick()
@@ -757,14 +802,16 @@ class TrajectoryFit(nn.Module):
         step = torch.linalg.solve(A + shift, g.unsqueeze(-1)).squeeze(-1)
         cand = z - step
         rolled = fields_c = None
-        if keep_grad is not None:
+        if keep_grad is not None:           # the loss's rollout of the candidate (see _solve)
             with torch.set_grad_enabled(keep_grad):
-                rolled = self._roll(cand[:, :n], cand[:, n:])
-            Fc = torch.cat([x.detach() for x in rolled], -1)
+                rolled = self._loss_roll(cand[:, :n], cand[:, n:], share)
+            Fc = torch.cat([x.detach() for x in rolled[0]], -1)
+            if derivs is not None and rolled[1] is not None:
+                fields_c = self._part_fields(Fc, derivs[1], rolled[1].detach())
         elif stepper is not None and derivs is not None:
-            force, Dc = self._halves_at(stepper, cand)
-            Fc = self._roll_states(cand, force, stepper)
-            fields_c = self._part_fields(Fc, derivs[1], Dc)
+            Fc, forces = self._roll_states(cand, stepper.force_term(cand[:, :n]), stepper, forces=True)
+            fields_c = self._part_fields(Fc, derivs[1], halves=(stepper.velocity, stepper.force_term),
+                                         forces=forces)
         else:
             Fc = self._roll_states(cand, None, stepper)
         before = objective(F, z, None if fields is None else [D[:, :, 0] for D in fields])
