@@ -588,8 +588,13 @@ def test_hnn_parametric_probe_tiny(tmp_path, monkeypatch, capsys):
     assert abs(rows[0]["shape_offset"]) < 1e-4 and rows[0]["eps_H_corrected"] < 0.02 * rows[0]["eps_H"]
     assert summary["correction_raises_eps_H"] == 0 and (tmp_path / "hnn_parametric_shape.json").exists()
     for argv, message in ((["--replot", "--out", str(tmp_path / "none")], "no report"),
-                          (["--shape-scan", "3"], "FIRST:STOP"), (["--data-seeds", "0"], "at least 1"),
-                          (["--derivative-warmup", "-1"], "--derivative-warmup at least 0")):
+                          (["--shape-scan", "3"], "FIRST:STOP"),
+                          (["--data-seeds", "0"], "argument --data-seeds: must be an int >= 1, got 0"),
+                          (["--steps", "0"], "argument --steps: must be an int >= 1, got 0"),
+                          (["--lr", "nan"], "argument --lr: must be a finite number > 0"),
+                          (["--lr", "0"], "argument --lr: must be a finite number > 0"),
+                          (["--noise", "-0.1"], "argument --noise: must be a finite number >= 0"),
+                          (["--derivative-warmup", "-1"], "argument --derivative-warmup: must be an int >= 0")):
         with pytest.raises(SystemExit):
             parametric.main(argv)
         assert message in capsys.readouterr().err

@@ -840,9 +840,10 @@ def test_the_loss_reuses_the_solves_last_rollouts(monkeypatch, method, steps, se
 
 def test_the_loss_rolls_out_the_unsolved_nodes_beside_the_solved_ones():
     """With ``solve_every`` > 1 a batch mixes nodes solved now (their rollouts come from the
-    solve) and nodes that are not: the loss rolls those out, and equals the loss of the same
-    states evaluated afterwards (to rounding: its rows come in another order), continuity and
-    derivative terms included."""
+    solve) and nodes that are not: the loss rolls out only those, and its value and θ-gradient
+    equal those of the same states evaluated afterwards (to rounding: its rows come in another
+    order), continuity and derivative terms (X_H at the nodes from the rollouts' first kicks)
+    included."""
     H = _oscillator()
     q, p, _ = _data(H, B=5, T=13, noise=0.05, seed=6)
     derivs = tuple(x + 0.05 * torch.randn_like(x) for x in H.vector_field(q, p, 0.0))
@@ -850,15 +851,78 @@ def test_the_loss_rolls_out_the_unsolved_nodes_beside_the_solved_ones():
     model = SeparableHNN(1, width=16)
     tf = TrajectoryFit(model, q, p, dt=0.1, segment=3, gauss_newton=1, solve_every=2,
                        derivatives=derivs)
+    rows = []
+    roll = tf._roll
+    tf._roll = lambda q, *a: (rows.append(q.shape[0]) if torch.is_grad_enabled() else None) or roll(q, *a)
     total = tf.trajectories * tf.n_segments
     tf.visits[::3] = 1                                      # a third of the nodes are not due
     index = torch.randperm(total, generator=torch.Generator().manual_seed(0))[:12]
     due = int((tf.visits[index] % 2 == 0).sum())
     assert 0 < due < index.numel()
     loss = tf(index)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    assert sum(rows) == index.numel() and rows[-1] == index.numel() - due   # each row once
     tf.eval()
-    torch.testing.assert_close(loss, tf(index), rtol=1e-13, atol=0)
+    again = tf(index)
+    torch.testing.assert_close(loss, again, rtol=1e-13, atol=0)
+    for x, y in zip(grads, torch.autograd.grad(again, list(model.parameters()))):
+        torch.testing.assert_close(x, y, rtol=1e-11, atol=1e-15)
     assert tf.visits[index].min() >= 1
+
+
+def test_a_half_whose_step_is_not_taken_whole_is_rolled_out_by_the_loss(monkeypatch):
+    """Two half-sweeps, the second's full step overshooting (halved): the first half's rollout
+    is the loss's, the second's is rolled out again at its halved states, and the loss and
+    θ-gradient equal those of evaluating the states afterwards."""
+    H = _oscillator()
+    q, p, _ = _data(H, B=6, T=11, noise=0.05, seed=4)
+    torch.manual_seed(1)
+    model = SeparableHNN(1, width=16)
+    tf = TrajectoryFit(model, q, p, dt=0.1, segment=5, gauss_newton=1)
+    calls = []
+    roll = tf._roll
+    tf._roll = lambda *a: calls.append(torch.is_grad_enabled()) or roll(*a)
+    solve, seen = torch.linalg.solve, []
+
+    def second_overshoots(A, g):
+        seen.append(1)
+        return solve(A, g) * (1e4 if len(seen) == 2 else 1.0)
+    monkeypatch.setattr(torch.linalg, "solve", second_overshoots)
+    loss = tf()
+    monkeypatch.setattr(torch.linalg, "solve", solve)
+    assert len(seen) == 2 and calls.count(True) == 3        # two candidates, the second again
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    tf.eval()
+    again = tf()
+    torch.testing.assert_close(loss, again, rtol=1e-13, atol=0)
+    for x, y in zip(grads, torch.autograd.grad(again, list(model.parameters()))):
+        torch.testing.assert_close(x, y, rtol=1e-11, atol=1e-15)
+
+
+@pytest.mark.parametrize("segment", [None, 2])
+def test_a_candidate_that_overflows_is_a_rejected_step_in_training(monkeypatch, segment):
+    """The loss takes its rollouts of the solved nodes from the solve's candidates, through
+    rollout()'s finiteness check: a candidate that overflows there (a step of 1e70 through a q⁶
+    potential) is a rejected step, not an error — that node keeps its state, the others take
+    theirs, and the loss is finite."""
+    H = tgi.SeparableHamiltonian(lambda p: 0.5 * (p * p).sum(-1), lambda q: (q ** 6).sum(-1),
+                                 kinetic_grad=lambda p: p, potential_grad=lambda q: 6 * q ** 5)
+    g = torch.Generator().manual_seed(1)
+    q, p = (torch.randn(2, 9, 1, generator=g) for _ in range(2))
+    tf = TrajectoryFit(H, q, p, dt=0.1, segment=segment, gauss_newton=1, layout="windows",
+                       continuity=0.0)
+    before = torch.cat([tf.q_nodes, tf.p_nodes], -1).reshape(-1, 2).clone()
+    solve = torch.linalg.solve
+
+    def first_node_overflows(A, g):
+        step = solve(A, g).clone()
+        step[0] = 1e70
+        return step
+    monkeypatch.setattr(torch.linalg, "solve", first_node_overflows)
+    loss = tf()
+    assert torch.isfinite(loss)
+    after = torch.cat([tf.q_nodes, tf.p_nodes], -1).reshape(-1, 2)
+    assert torch.equal(after[0], before[0]) and bool((after[1:] != before[1:]).any(-1).all())
 
 
 def test_trajectory_fit_refuses_time_first_data_unless_told():

@@ -37,6 +37,7 @@ from torch import nn
 
 from torchgeo_int import SeparableHamiltonian
 
+from ..cli import number
 from . import data as datasets
 from .run import CONFIG, SHOOTING, TRAINING_FAILURES, _mean_se, study_task
 from .train import arms as make_arms
@@ -309,9 +310,9 @@ def markdown(report) -> str:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", default="spring,pendulum,twobody_noisy")
-    ap.add_argument("--data-seeds", type=int, default=5)
-    ap.add_argument("--steps", type=int, help="override every task's gradient steps")
-    ap.add_argument("--lr", type=float, default=1e-2)
+    ap.add_argument("--data-seeds", type=number("int", 1), default=5)
+    ap.add_argument("--steps", type=number("int", 1), help="override every task's gradient steps")
+    ap.add_argument("--lr", type=number("real", 0.0, lo_open=True), default=1e-2)
     ap.add_argument("--out", default="results")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--merge", action="store_true", help="add these tasks (or arms) to the report already in --out")
@@ -319,9 +320,9 @@ def main(argv=None):
                     "((a), the ratios' reference, always runs)")
     ap.add_argument("--shape-scan", metavar="FIRST:STOP", help="only the spring shape scan over data "
                     "seeds FIRST..STOP−1 ((e) through Verlet; with --steps, default 1000; --noise)")
-    ap.add_argument("--noise", type=float, default=0.1, help="--shape-scan: observation noise σ")
+    ap.add_argument("--noise", type=number("real", 0.0), default=0.1, help="--shape-scan: observation noise σ")
     ap.add_argument("--replot", action="store_true", help="only redraw the table and figure of --out's JSON")
-    ap.add_argument("--derivative-warmup", type=int, default=0,
+    ap.add_argument("--derivative-warmup", type=number("int", 0), default=0,
                     help="(g): steps over which the derivative weight rises from 1 to its value")
     args = ap.parse_args(argv)
     if args.shape_scan:
@@ -338,9 +339,6 @@ def main(argv=None):
                   f"ε_H {r['eps_H']:.2e} → corrected {r['eps_H_corrected']:.2e}")
         print(json.dumps(summary))
         return
-    if args.data_seeds < 1 or (args.steps is not None and args.steps < 1) or args.derivative_warmup < 0:
-        ap.error(f"--data-seeds and --steps must be at least 1 and --derivative-warmup at least 0, "
-                 f"got {args.data_seeds}, {args.steps}, {args.derivative_warmup}")
     if args.replot:
         out = Path(args.out)
         if not (out / "hnn_parametric.json").exists():

@@ -64,17 +64,17 @@ is seen only by its own segment — and first-order steps converge them slowly o
 is reached once every B·S / batch steps).  With k > 0 the states are not learned by the optimizer
 but *solved*: before each loss evaluation in training mode, k Gauss–Newton sweeps minimise the
 full loss over the batch's node states with H_θ fixed (each node with its neighbours fixed:
-red–black block Gauss–Seidel).  The model then takes its gradient step at (nearly) optimal
+red–black block Gauss–Seidel on chains of neighbouring nodes).  The model then takes its gradient step at (nearly) optimal
 states — the variable-projection method for separable least squares (Golub & Pereyra, SIAM J.
 Numer. Anal. 1973), where by the envelope theorem ∂L/∂θ at the solved states is the gradient of
 the reduced loss θ ↦ min_z L(θ, z).  The states then carry no graph (``requires_grad=False``)
 and :meth:`TrajectoryFit.optimizer` has only the model's group.  A sweep costs about the
 network evaluations of 2n + 3 graph-free rollouts of the batch's states by differences, of
 n + 3 by the chain rule through a kick–drift splitting, n/2 + 3 with the closed-form Hessians
-of a :class:`~torchgeo_int.nn.SeparableHNN` (:meth:`TrajectoryFit.solve_states`).  In single
-shooting with every node of the batch solved, the last sweep rolls its candidate states out in
-the caller's grad mode; when every node accepts its step that rollout is the loss's (the same
-states and θ, so the same numbers), and the loss does not roll out again.  On minibatched
+of a :class:`~torchgeo_int.nn.SeparableHNN` (:meth:`TrajectoryFit.solve_states`).  The last
+sweep rolls its candidate states out in the caller's grad mode; where every node of a half-sweep
+accepts its step that rollout is the loss's for those nodes (the same states and θ, so the same
+numbers), and the loss rolls out only the batch's other nodes.  On minibatched
 multiple shooting (noisy two-body, segments of 7, batch 200, development seed) it lowered the
 node error 0.12 → 0.096 but not the error of the learned H, in about 8× the training time.
 ``solve_every=k`` solves a node at its first visit and then at every k-th only: the states, once
@@ -357,11 +357,11 @@ class TrajectoryFit(nn.Module):
             if due.numel():
                 # the last sweep's accepted candidates, rolled out in the caller's grad mode, are
                 # the loss's rollouts of those nodes (the same states and θ): not rolled out
-                # twice.  A batch solved whole takes X_H at its nodes with its other points, in
-                # one evaluation of the field, not from the rollouts' first kicks (see
-                # _loss_roll), as when single shooting alone reused its rollouts: the spring and
-                # pendulum studies (full batches, single shooting) train bit for bit as then
-                share = due.numel() < index.numel()
+                # twice.  Single shooting solved whole takes X_H at its nodes with its other
+                # points, in one evaluation of the field, not from the rollouts' first kicks (see
+                # _loss_roll), as when it alone reused its rollouts: the spring and pendulum
+                # studies (full batches, single shooting, one sweep) train bit for bit as then
+                share = S > 1 or due.numel() < index.numel()
                 pieces = self._solve(due, self.gauss_newton, keep_grad=torch.is_grad_enabled(),
                                      share=share)[1]
                 share = share or not pieces          # (none came back: the loss rolls all out)
@@ -455,8 +455,8 @@ class TrajectoryFit(nn.Module):
         :func:`~torchgeo_int.rollout`'s checks and output buffers cost more than such a rollout
         (on the two-body study's one-step segments, a fifth of the solve).  That loop does not
         check finiteness: :meth:`_gauss_newton_step` checks the nodes' own rollouts and rejects
-        a candidate whose rollout is not finite.  With ``forces`` (a stepper and the first
-        ``force`` given) also the force terms at the rollout's states, (segment + 1, N, …, n),
+        a candidate whose rollout is not finite.  With ``forces`` (and a stepper and the first
+        ``force`` given; without a stepper it is ignored) also the force terms at the rollout's states, (segment + 1, N, …, n),
         the steps' own (FSAL), or None where a step ends in a drift."""
         if stepper is None:
             return torch.cat(self._roll(z[:, :self.dim], z[:, self.dim:], force), -1)
@@ -531,7 +531,7 @@ class TrajectoryFit(nn.Module):
         where the step does not lower ℓ it is halved, up to 8 times (backtracking; not where
         its predicted decrease is at ℓ's rounding level; a candidate whose rollout is not finite
         does not lower it), and a node keeps its old state only where none of them does (a
-        monotone iteration).  A node whose own rollout (or its predecessor's, into it) is not
+        monotone iteration of each node's ℓ with its neighbours as its step sees them).  A node whose own rollout (or its predecessor's, into it) is not
         finite raises ``FloatingPointError``.  With
         one segment (single shooting) a sweep is one Gauss–Newton step of a separable least
         squares problem per trajectory: quadratic convergence on consistent data."""
@@ -803,8 +803,12 @@ class TrajectoryFit(nn.Module):
         cand = z - step
         rolled = fields_c = None
         if keep_grad is not None:           # the loss's rollout of the candidate (see _solve)
-            with torch.set_grad_enabled(keep_grad):
-                rolled = self._loss_roll(cand[:, :n], cand[:, n:], share)
+            try:
+                with torch.set_grad_enabled(keep_grad):
+                    rolled = self._loss_roll(cand[:, :n], cand[:, n:], share)
+            except FloatingPointError:      # rollout()'s check: a candidate that overflows is
+                rolled = None               # a rejected step, as below (not the loss's rollout)
+        if rolled is not None:
             Fc = torch.cat([x.detach() for x in rolled[0]], -1)
             if derivs is not None and rolled[1] is not None:
                 fields_c = self._part_fields(Fc, derivs[1], rolled[1].detach())
