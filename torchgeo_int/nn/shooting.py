@@ -58,27 +58,27 @@ states to zero: :meth:`TrajectoryFit.optimizer` gives the model and the states s
 (weight decay on the model only, and a learning rate of their own for the states), and under
 minibatching moves only the states that the batch reaches (:class:`~torchgeo_int.nn.LazyAdam`).
 
-**Solved node states** (``gauss_newton=k``): the node states are *incidental* parameters — each
-is seen only by its own segment — and first-order steps converge them slowly or not at all
-(learned single-shooting states on the pendulum stall at a loss of 0.96; under minibatches a node
-is reached once every B·S / batch steps).  With k > 0 the states are not learned by the optimizer
-but *solved*: before each loss evaluation in training mode, k Gauss–Newton sweeps minimise the
-full loss over the batch's node states with H_θ fixed (each node with its neighbours fixed:
-red–black block Gauss–Seidel on chains of neighbouring nodes).  The model then takes its gradient step at (nearly) optimal
-states — the variable-projection method for separable least squares (Golub & Pereyra, SIAM J.
-Numer. Anal. 1973), where by the envelope theorem ∂L/∂θ at the solved states is the gradient of
-the reduced loss θ ↦ min_z L(θ, z).  The states then carry no graph (``requires_grad=False``)
-and :meth:`TrajectoryFit.optimizer` has only the model's group.  A sweep costs about the
-network evaluations of 2n + 3 graph-free rollouts of the batch's states by differences, of
-n + 3 by the chain rule through a kick–drift splitting, n/2 + 3 with the closed-form Hessians
-of a :class:`~torchgeo_int.nn.SeparableHNN` (:meth:`TrajectoryFit.solve_states`).  The last
-sweep rolls its candidate states out in the caller's grad mode; where every node of a half-sweep
-accepts its step that rollout is the loss's for those nodes (the same states and θ, so the same
-numbers), and the loss rolls out only the batch's other nodes.  On minibatched
-multiple shooting (noisy two-body, segments of 7, batch 200, development seed) it lowered the
-node error 0.12 → 0.096 but not the error of the learned H, in about 8× the training time.
-``solve_every=k`` solves a node at its first visit and then at every k-th only: the states, once
-near their solution, move slowly with θ.
+**Solved node states** (``gauss_newton=k``): the node states are *incidental* parameters — each is
+seen only by its own segment — and first-order steps converge them slowly or not at all (learned
+single-shooting states on the pendulum stall at a loss of 0.96; under minibatches a node is reached
+once every B·S / batch steps).  With k > 0 the states are not learned by the optimizer but
+*solved*: before each loss evaluation in training mode, k Gauss–Newton sweeps minimise the full
+loss over the batch's node states with H_θ fixed (each node with its neighbours fixed: red–black
+block Gauss–Seidel on chains of neighbouring nodes).  The model then takes its gradient step at
+(nearly) optimal states — the variable-projection method for separable least squares (Golub &
+Pereyra, SIAM J. Numer. Anal. 1973), where by the envelope theorem ∂L/∂θ at the solved states is
+the gradient of the reduced loss θ ↦ min_z L(θ, z).  The states then carry no graph
+(``requires_grad=False``) and :meth:`TrajectoryFit.optimizer` has only the model's group.  A sweep
+costs about the network evaluations of 2n + 3 graph-free rollouts of the batch's states by
+differences, of n + 3 by the chain rule through a kick–drift splitting, n/2 + 3 with the
+closed-form Hessians of a :class:`~torchgeo_int.nn.SeparableHNN`
+(:meth:`TrajectoryFit.solve_states`).  The last sweep rolls its candidate states out in the
+caller's grad mode; where every node of a half-sweep accepts its step that rollout is the loss's
+for those nodes (the same states and θ, so the same numbers), and the loss rolls out only the
+batch's other nodes.  On minibatched multiple shooting (noisy two-body, segments of 7, batch 200,
+development seed) it lowered the node error 0.12 → 0.096 but not the error of the learned H, in
+about 8× the training time. ``solve_every=k`` solves a node at its first visit and then at every
+k-th only: the states, once near their solution, move slowly with θ.
 """
 from __future__ import annotations
 
