@@ -790,8 +790,8 @@ def test_the_loss_reuses_the_solves_last_rollouts(monkeypatch, method, steps, se
     and θ-gradient equal those of solving first and then evaluating (bit for bit with one
     half, as single shooting; to rounding with two, whose rows the loss takes in the halves'
     order); a half one of whose nodes does not take its full step (an overshoot, halved) makes
-    the loss roll it out again.  (The solve's own rollouts are graph-free; a splitting's run its step
-    loop, not ``_roll``: only the grad-mode rollouts are counted.)"""
+    the loss roll it out again.  (The solve's own rollouts are graph-free; a splitting's run its
+    step loop, not ``_roll``: only the grad-mode rollouts are counted.)"""
     H = _oscillator()
     q, p, _ = _data(H, B=6, T=11, noise=0.05, seed=4)
     torch.manual_seed(1)

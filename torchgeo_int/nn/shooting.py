@@ -456,8 +456,9 @@ class TrajectoryFit(nn.Module):
         (on the two-body study's one-step segments, a fifth of the solve).  That loop does not
         check finiteness: :meth:`_gauss_newton_step` checks the nodes' own rollouts and rejects
         a candidate whose rollout is not finite.  With ``forces`` (and a stepper and the first
-        ``force`` given; without a stepper it is ignored) also the force terms at the rollout's states, (segment + 1, N, …, n),
-        the steps' own (FSAL), or None where a step ends in a drift."""
+        ``force`` given; without a stepper it is ignored) also the force terms at the rollout's
+        states, (segment + 1, N, …, n), the steps' own (FSAL), or None where a step ends in a
+        drift."""
         if stepper is None:
             return torch.cat(self._roll(z[:, :self.dim], z[:, self.dim:], force), -1)
         n, h = self.dim, self.dt / self.substeps
@@ -531,10 +532,11 @@ class TrajectoryFit(nn.Module):
         where the step does not lower ℓ it is halved, up to 8 times (backtracking; not where
         its predicted decrease is at ℓ's rounding level; a candidate whose rollout is not finite
         does not lower it), and a node keeps its old state only where none of them does (a
-        monotone iteration of each node's ℓ with its neighbours as its step sees them).  A node whose own rollout (or its predecessor's, into it) is not
-        finite raises ``FloatingPointError``.  With
-        one segment (single shooting) a sweep is one Gauss–Newton step of a separable least
-        squares problem per trajectory: quadratic convergence on consistent data."""
+        monotone iteration of each node's ℓ with its neighbours as its step sees them).  A node
+        whose own rollout (or its predecessor's, into it) is not finite raises
+        ``FloatingPointError``.  With one segment (single shooting) a sweep is one Gauss–Newton
+        step of a separable least squares problem per trajectory: quadratic convergence on
+        consistent data."""
         index = self._index(index)
         best = self._solve(index, steps)[0]
         first, second = self._halves(index)
