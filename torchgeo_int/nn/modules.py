@@ -244,9 +244,9 @@ class MLP(nn.Sequential):
         acts, a = [], x
         for lin, act in zip(layers[:-1:2], layers[1::2]):
             rule = _rule(act)
-            if rule is None or (second and type(act) not in SECOND) or _hooked(lin):
-                known = rule is not None and not (second and type(act) not in SECOND)
-                raise _refusal("a forward hook" if known else f"the activation {act!r}", method)
+            unknown = rule is None or (second and type(act) not in SECOND)
+            if unknown or _hooked(lin):
+                raise _refusal(f"the activation {act!r}" if unknown else "a forward hook", method)
             z = nn.functional.linear(a, lin.weight, lin.bias)
             a = act(z)
             acts.append((lin, act, rule, z, a))

@@ -487,11 +487,12 @@ class TrajectoryFit(nn.Module):
             return None
         return stepper
 
-    def _halves_at(self, stepper, z: Tensor):
-        """At states z = (q, p) of shape (..., 2n): the force term at q and X_H(z) of z's shape,
-        by the stepper's own halves (the numbers its kicks and drifts compute)."""
+    def _halves_at(self, stepper, z: Tensor, force: Tensor | None = None):
+        """At states z = (q, p) of shape (..., 2n): the force term at q (``force`` where already
+        known) and X_H(z) of z's shape, by the stepper's own halves (the numbers its kicks and
+        drifts compute; a lifted stepper's on stacks)."""
         n = self.dim
-        force = stepper.force_term(z[..., :n])
+        force = stepper.force_term(z[..., :n]) if force is None else force
         return force, torch.cat([stepper.velocity(z[..., n:]), self.model.force_sign * force], -1)
 
     def solve_states(self, index: Tensor | None = None, *, steps: int = 1) -> Tensor:
@@ -662,29 +663,25 @@ class TrajectoryFit(nn.Module):
             parts.append((last, (slice(-1, None), last)))
         return parts
 
-    def _part_fields(self, X: Tensor, parts, D0: Tensor | None = None, halves=None,
+    def _part_fields(self, X: Tensor, parts, D0: Tensor | None = None, stepper=None,
                      forces: Tensor | None = None) -> list[Tensor]:
         """X_H at ``X[j]`` for each part ``(rows, j)`` of :meth:`_derivative_parts` (X of shape
         ``(segment + 1, N, …, 2n)``), every part's points in one evaluation: of
-        :meth:`_field`, or with ``halves`` = (∂T/∂p, force term) maps (the Jacobian rollout's
-        lifted ones) (∂T/∂p, force_sign × force term), the force terms ``forces`` at X's points
-        where known (the rollout's own, FSAL).  ``D0``: X_H at ``X[0]`` (the nodes) where
-        already known (the first part is the one that starts at j = 0, on every node)."""
-        n = self.dim
-        pts = [X[j][1:] if i == 0 and D0 is not None else X[j] for i, (_, j) in enumerate(parts)]
-        flat = torch.cat([x.flatten(0, 1) for x in pts])             # (points, …, 2n)
-        if not flat.shape[0]:
-            D = flat
-        elif halves is None:
-            D = self._field(flat)
-        else:
-            velocity, force_term = halves
-            if forces is None:
-                force = force_term(flat[..., :n])
-            else:
-                force = torch.cat([(forces[j][1:] if i == 0 and D0 is not None else forces[j]).flatten(0, 1)
-                                   for i, (_, j) in enumerate(parts)])
-            D = torch.cat([velocity(flat[..., n:]), self.model.force_sign * force], -1)
+        :meth:`_field`, or with a splitting ``stepper`` (the Jacobian rollout's lifted one) by
+        its halves (:meth:`_halves_at`), the force terms ``forces`` at X's points where known
+        (the rollout's own, FSAL).  ``D0``: X_H at ``X[0]`` (the nodes) where already known (the
+        first part is the one that starts at j = 0, on every node)."""
+        def points(x):       # the parts' points of x, the first part's nodes left out with D0
+            return [x[j][1:] if i == 0 and D0 is not None else x[j] for i, (_, j) in enumerate(parts)]
+
+        def flat(xs):
+            return torch.cat([x.flatten(0, 1) for x in xs])
+        pts = points(X)
+        D = flat(pts)                                                # (points, …, 2n)
+        if D.shape[0] and stepper is None:
+            D = self._field(D)
+        elif D.shape[0]:
+            D = self._halves_at(stepper, D, None if forces is None else flat(points(forces)))[1]
         fields = [d.view(x.shape) for d, x in zip(D.split([x.shape[0] * x.shape[1] for x in pts]), pts)]
         if D0 is not None:
             fields[0] = torch.cat([D0.unsqueeze(0), fields[0]])
@@ -709,7 +706,7 @@ class TrajectoryFit(nn.Module):
         X, forces = self._roll_states(Z, force_term(Z[..., :n]), lifted, forces=True)
         if parts is None:
             return X, None
-        return X, self._part_fields(X, parts, halves=(velocity, force_term), forces=forces)
+        return X, self._part_fields(X, parts, stepper=lifted, forces=forces)
 
     def _closed_form_jacobian(self, half, energy: str):
         """The model's ``energy`` module's ``input_grad_hessian`` where ``half`` is that module's
@@ -816,8 +813,7 @@ class TrajectoryFit(nn.Module):
                 fields_c = self._part_fields(Fc, derivs[1], rolled[1].detach())
         elif stepper is not None and derivs is not None:
             Fc, forces = self._roll_states(cand, stepper.force_term(cand[:, :n]), stepper, forces=True)
-            fields_c = self._part_fields(Fc, derivs[1], halves=(stepper.velocity, stepper.force_term),
-                                         forces=forces)
+            fields_c = self._part_fields(Fc, derivs[1], stepper=stepper, forces=forces)
         else:
             Fc = self._roll_states(cand, None, stepper)
         before = objective(F, z, None if fields is None else [D[:, :, 0] for D in fields])
