@@ -432,9 +432,14 @@ def test_hnn_study_shooting_arms_tiny(tmp_path, monkeypatch, capsys):
             super().__init__(*a, **k)
             fits.append((self.solve_every, self.derivative_points, self.derivative_warmup))
     monkeypatch.setattr(hnn_train, "TrajectoryFit", Recorded)
-    noisy = hnn_run.run("twobody_noisy", arm_keys=["a", "e", "f"], **args)
+    noisy = hnn_run.run("twobody_noisy", arm_keys=["a", "e", "f", "e4"], **args)
     assert noisy["data"]["noise"] == 0.1 and noisy["shooting"]["segment"] == 1
-    assert noisy["shooting"]["gauss_newton"] == 1 and batches == [8, 8 * 7]   # (a), then (e)'s segments
+    # (a), then (e)'s segments, then (e′)'s: its own batch factor (yoshida4's step costs 3 Verlet stages)
+    assert noisy["shooting"]["gauss_newton"] == 1 and batches == [8, 8 * 7, 8 * 3]
+    assert "3 × the batch" in noisy["arms"]["e4"]["label"] and "the batch" not in noisy["arms"]["e"]["label"]
+    batches.clear()
+    same = hnn_run.run("twobody_noisy", arm_keys=["e4"], shooting=dict(batch_factor2=7), **args)
+    assert batches == [8 * 7] and "the batch" not in same["arms"]["e4"]["label"]
     batches.clear()
     fewer = hnn_run.run("twobody_noisy", arm_keys=["g", "g_ode"],
                         shooting=dict(derivative_points=20, derivative_warmup=3), **args)
@@ -515,6 +520,20 @@ def test_hnn_cost_tiny(tmp_path, monkeypatch, capsys):
     assert json.loads((tmp_path / "hnn_cost_spring.json").read_text())["shooting"]["solve_every"] == 4
     with pytest.raises(SystemExit):
         hnn_cost.main(["--task", "spring", "--arms", "b5,e", "--solve-every", "0"])
+    # --batch-factor2: (e′)'s segments per sample, the others' unchanged; 0 is refused
+    sizes = []
+    from torchgeo_int.nn.shooting import TrajectoryFit
+    forward = TrajectoryFit.forward
+
+    def spy(self, index=None, *a):
+        sizes.append(len(index))
+        return forward(self, index, *a)
+    monkeypatch.setattr(TrajectoryFit, "forward", spy)
+    rep = hnn_cost.measure("twobody", ["e", "e4"], batch_size=4, rounds=1, steps=1, warmup=0,
+                           shooting=dict(batch_factor2=2))
+    assert sizes == [4 * 7, 4 * 2] and rep["shooting"]["batch_factor2"] == 2
+    with pytest.raises(SystemExit):
+        hnn_cost.main(["--task", "spring", "--arms", "b5,e4", "--batch-factor2", "0"])
 
 
 def test_hnn_parametric_probe_tiny(tmp_path, monkeypatch, capsys):

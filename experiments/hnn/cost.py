@@ -28,7 +28,7 @@ from torchgeo_int.nn.training import make_optimizer
 from .run import CONFIG, SHOOTING, study_task
 from .train import SHOOTING as SHOOTING_DEFAULTS
 from .train import arms as make_arms
-from .train import build_model, loss_and_data, seed_everything, shooting_fit, state_lr
+from .train import batch_factor, build_model, loss_and_data, seed_everything, shooting_fit, state_lr
 
 
 def stepper(arm, task, *, batch: int | None, lr: float, weight_decay: float, shooting: dict, seed: int = 0):
@@ -40,7 +40,7 @@ def stepper(arm, task, *, batch: int | None, lr: float, weight_decay: float, sho
         tf = shooting_fit(arm, model, task, shooting=shooting)
         opt = tf.optimizer(lr=lr, state_lr=state_lr(shooting), weight_decay=weight_decay)
         total = tf.trajectories * tf.n_segments
-        size = total if batch is None else min(batch * shooting["batch_factor"], total)
+        size = total if batch is None else min(batch * batch_factor(arm, shooting), total)
         # every node visited before, at a random point of its solve cycle (the steady state)
         tf.visits.copy_(torch.randint(1, 1 << 20, tf.visits.shape, generator=g))
 
@@ -71,6 +71,9 @@ def measure(task_name: str, arm_keys, *, batch_size: int | None = None, rounds: 
         raise ValueError(f"unknown task {task_name!r}; known: {', '.join(CONFIG)}")
     rounds, steps, warmup = (check_int(rounds, "rounds", 1), check_int(steps, "steps", 1),
                              check_int(warmup, "warmup", 0))
+    for k in ("solve_every", "batch_factor2"):      # the others come from the study's own flags
+        if (shooting or {}).get(k) is not None:
+            check_int(shooting[k], k, 1)
     torch.set_num_threads(1)
     cfg = CONFIG[task_name]
     mode = cfg["full"]
@@ -119,12 +122,14 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--steps", type=int, default=16, help="steps an arm takes in each round")
     ap.add_argument("--solve-every", type=int, help="the shooting arms' solve_every (default: the task's)")
+    ap.add_argument("--batch-factor2", type=int, help="(e′)'s segments per step per sample (default: the task's)")
     ap.add_argument("--out", default="results")
     args = ap.parse_args(argv)
+    shooting = {k: v for k, v in dict(solve_every=args.solve_every,
+                                      batch_factor2=args.batch_factor2).items() if v is not None}
     try:
         rep = measure(args.task, args.arms.split(","), batch_size=args.batch_size, rounds=args.rounds,
-                      steps=args.steps,
-                      shooting=None if args.solve_every is None else {"solve_every": args.solve_every})
+                      steps=args.steps, shooting=shooting)
     except ValueError as e:
         ap.error(str(e))
     out = Path(args.out)

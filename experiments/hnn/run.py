@@ -61,7 +61,8 @@ for _cfg in CONFIG.values():
 #: The shooting arms' settings per task (train.SHOOTING's keys), chosen on development runs
 #: (seed 100, --quick budgets; see the README): segment length (a divisor of the intervals per
 #: trajectory; None: single shooting), continuity weight, learning rate of the node states, the
-#: method / substeps of (e′), and ``batch_factor`` (segments per step = the batch × this).
+#: method / substeps of (e′), and ``batch_factor`` (segments per step = the batch × this;
+#: ``batch_factor2`` (e′)'s own, None: the same).
 #: Spring and pendulum: single shooting (one node per 3 s trajectory) with the node states solved
 #: by Gauss–Newton (TrajectoryFit's gauss_newton), not learned: on the development seed (data and
 #: training seed 100, cosine, 2000 steps) segments of 4 with learned states reach ε_H 0.028 /
@@ -83,7 +84,10 @@ SHOOTING = {
     # The solve is 5/6 of a step's time: each node solved at its every 8th visit only (5 seeds:
     # 2.1x (b5)'s training time, within the issue's 3x; energy / state MSE x2.02 / x0.36 of
     # (a)'s against x1.70 / x0.26 solving every step, at 9x (b5)'s time).
-    "twobody_noisy": dict(segment=1, gauss_newton=1, solve_every=8, batch_factor=7),
+    # (e′): 3 × the batch, not 7: yoshida4's step is three Verlet stages, and at 7 × (e′) cost
+    # 4.7x / 4.8x (b5)'s step (two-body / noisy), at 4 × 2.95x-3.11x, at 3 × 2.27x / 2.26x
+    # (python -m experiments.hnn.cost --task T --arms b5,e,g,e4; the factor set by cost alone)
+    "twobody_noisy": dict(segment=1, gauss_newton=1, solve_every=8, batch_factor=7, batch_factor2=3),
 }
 #: Noise-free two-body takes the same one-step solved segments.  Development seed 100 (2000
 #: steps, cosine; ``diagnose --task twobody``): against segments of 7 with learned states (state
@@ -509,6 +513,8 @@ def main(argv=None):
                     help="(g): training steps over which the derivative weight rises from 1 to its value")
     ap.add_argument("--method2", help="training/evaluation method of (e′) (default yoshida4)")
     ap.add_argument("--substeps2", type=number("int", 1), help="substeps per data interval of (e′)")
+    ap.add_argument("--batch-factor2", type=number("int", 1),
+                    help="(e′)'s segments per step per sample of the batch (default: the task's batch_factor)")
     ap.add_argument("--b-model", choices=["auto", "hnn"], default="auto",
                     help="'hnn': arm (b) uses HNN + implicit midpoint even on separable tasks")
     ap.add_argument("--node-window", type=number("int", 1), default=5)
@@ -559,7 +565,7 @@ def main(argv=None):
         ap.error("--task is required (or --table DIR, or --compare QUICK_JSON FULL_JSON)")
     shooting = {k: v for k, v in dict(segment=args.segment, continuity=args.continuity,
                                       state_lr=args.state_lr, method2=args.method2,
-                                      substeps2=args.substeps2,
+                                      substeps2=args.substeps2, batch_factor2=args.batch_factor2,
                                       gauss_newton=args.gauss_newton,
                                       solve_every=args.solve_every,
                                       derivative_weight=args.derivative_weight,

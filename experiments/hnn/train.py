@@ -75,6 +75,7 @@ class Arm:
     reuse: str = ""             # key of the arm whose trained model (same seed) this one reuses
     substeps: int = 1           # integrator steps per data interval, training and evaluation
     derivatives: bool = False   # shooting arms: also match the derivative targets at the fit's states
+    batch_factor: int | None = None     # shooting arms: segments per step = batch × this (None: the task's)
 
 
 def arms(task: Task, *, b_model: str = "auto", node_window: int = 5, windows=(1, 5, 10),
@@ -104,11 +105,14 @@ def arms(task: Task, *, b_model: str = "auto", node_window: int = 5, windows=(1,
     states = "Gauss–Newton-solved states" if sh["gauss_newton"] else "learned states"
     m2 = sh["method2"]
     sub2 = sh["substeps2"]
+    bf2 = sh["batch_factor2"]
+    bf2_label = "" if bf2 is None or bf2 == sh["batch_factor"] else f", {bf2} × the batch"
     out.append(Arm("e", f"(e) {b_cls}, {states}, {grid}, {b_method}", b_cls, "shooting",
                    seg or 0, b_method, f"{b_method}, h = dt"))
     out.append(Arm("e4", f"(e′) {b_cls}, {states}, {grid}, {m2}"
-                         f"{f' × {sub2} substeps' if sub2 > 1 else ''}", b_cls, "shooting", seg or 0, m2,
-                   f"{m2}, h = dt{f'/{sub2}' if sub2 > 1 else ''}", substeps=sub2))
+                         f"{f' × {sub2} substeps' if sub2 > 1 else ''}{bf2_label}", b_cls, "shooting",
+                   seg or 0, m2, f"{m2}, h = dt{f'/{sub2}' if sub2 > 1 else ''}", substeps=sub2,
+                   batch_factor=bf2))
     out.append(Arm("g", "(g) (e) + derivative matching at its estimated states", b_cls, "shooting",
                    seg or 0, b_method, f"{b_method}, h = dt", derivatives=True))
     out.append(Arm("g_ode", "(g) rolled out by dopri5", b_cls, "shooting", seg or 0, "dopri5",
@@ -124,9 +128,16 @@ def arms(task: Task, *, b_model: str = "auto", node_window: int = 5, windows=(1,
 
 
 #: Defaults of the shooting arms (e), (e′), (f), (g); run.SHOOTING sets them per task.
+#: ``batch_factor2``: (e′)'s own batch factor (None: ``batch_factor``), for a method whose step
+#: costs more than Verlet's.
 SHOOTING = dict(segment=None, continuity=1.0, state_lr=1e-3, method2="yoshida4", substeps2=1,
-                gauss_newton=0, solve_every=1, batch_factor=1, derivative_weight=1.0,
-                derivative_points=None, derivative_warmup=0)
+                gauss_newton=0, solve_every=1, batch_factor=1, batch_factor2=None,
+                derivative_weight=1.0, derivative_points=None, derivative_warmup=0)
+
+
+def batch_factor(arm: Arm, sh: dict) -> int:
+    """Segments per training step of a shooting arm, per sample of the batch."""
+    return sh["batch_factor"] if arm.batch_factor is None else arm.batch_factor
 
 
 def state_lr(sh: dict):
@@ -202,7 +213,7 @@ def train(arm: Arm, task: Task, *, seed: int, steps: int, batch_size: int | None
         sh = dict(SHOOTING, **(shooting or {}))
         tf = shooting_fit(arm, model, task.to(dtype), shooting=shooting)
         opt = tf.optimizer(lr=lr, state_lr=state_lr(sh), weight_decay=weight_decay)
-        bs = None if batch_size is None else batch_size * sh["batch_factor"]
+        bs = None if batch_size is None else batch_size * batch_factor(arm, sh)
         hist = fit(tf, TrajectoryFit.loss, tf.segments, steps=steps, batch_size=bs,
                    optimizer=opt, seed=seed, progress=progress, desc=desc, max_time=max_time,
                    lr_schedule=lr_schedule)
