@@ -6,6 +6,7 @@ property of its numbers that must hold at any size (no wall-clock assertions).
 import json
 import math
 import pathlib
+import shutil
 import sys
 import types
 
@@ -534,6 +535,45 @@ def test_hnn_cost_tiny(tmp_path, monkeypatch, capsys):
     assert sizes == [4 * 7, 4 * 2] and rep["shooting"]["batch_factor2"] == 2
     with pytest.raises(SystemExit):
         hnn_cost.main(["--task", "spring", "--arms", "b5,e4", "--batch-factor2", "0"])
+
+
+def test_hnn_cost_against_another_tree(tmp_path, capsys):
+    """--against: the same arms as another tree builds them, timed in a child process that takes
+    turns with this one (that tree's packages, not this one's); a git revision is extracted;
+    an unknown revision, a broken tree and a tree without the arm are clear errors."""
+    from experiments.hnn import cost as hnn_cost
+    small = dict(batch_size=8, rounds=2, steps=1, warmup=1)
+    rep = hnn_cost.measure("spring", ["b5", "e"], against=str(hnn_cost.ROOT), **small)
+    them = rep["against"]["arms"]
+    assert list(them) == ["b5", "e"] and them["b5"]["ratio"] == 1.0
+    for k in them:
+        assert them[k]["ms_per_step"] > 0
+        assert them[k]["this_over_that"] == pytest.approx(rep["arms"][k]["ms_per_step"] / them[k]["ms_per_step"])
+    hnn_cost.main(["--task", "spring", "--arms", "b5", "--batch-size", "8", "--rounds", "1", "--steps", "1",
+                   "--against", "HEAD", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    head = json.loads((tmp_path / "hnn_cost_spring.json").read_text())["against"]["tree"]
+    assert len(head) == 12 and f"| this tree / {head} |" in out
+    with pytest.raises(SystemExit):
+        hnn_cost.main(["--task", "spring", "--arms", "b5", "--against", "no-such-revision"])
+    assert "neither a tree" in capsys.readouterr().err
+    broken = tmp_path / "broken"               # a tree whose study cannot be imported
+    (broken / "torchgeo_int").mkdir(parents=True)
+    (broken / "torchgeo_int" / "__init__.py").write_text("")
+    (broken / "experiments" / "hnn").mkdir(parents=True)
+    for f in ("experiments/__init__.py", "experiments/hnn/__init__.py"):
+        (broken / f).write_text("")
+    (broken / "experiments/hnn/cost.py").write_text("raise ImportError('this tree is broken')\n")
+    with pytest.raises(RuntimeError, match="this tree is broken"):
+        hnn_cost.measure("spring", ["b5"], against=str(broken), **small)
+    older = tmp_path / "older"                 # a tree whose study has no arm (e)
+    for d in ("torchgeo_int", "experiments"):
+        shutil.copytree(hnn_cost.ROOT / d, older / d, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(older / "experiments/hnn/train.py", "a") as f:
+        f.write("\n_all_arms = arms\n\n\ndef arms(*a, **k):\n"
+                "    return [x for x in _all_arms(*a, **k) if x.key != 'e']\n")
+    with pytest.raises(ValueError, match=r"arms \['e'\] are not in that tree's study"):
+        hnn_cost.measure("spring", ["b5", "e"], against=str(older), **small)
 
 
 def test_hnn_parametric_probe_tiny(tmp_path, monkeypatch, capsys):

@@ -1,6 +1,7 @@
 r"""Training cost per step of the HNN study's arms, side by side, against (b5).
 
     python -m experiments.hnn.cost --task twobody_noisy [--arms b5,e,g] [--batch-size 200] [--solve-every k]
+    python -m experiments.hnn.cost --task twobody --arms b5,g --against REV    # this tree against REV
 
 Each arm is set up as :func:`experiments.hnn.train.train` sets it up (the task's network,
 loss, shooting settings, optimizer and batch) and timed over the same steps: a few warm-up steps,
@@ -12,11 +13,27 @@ states are timed in their *steady state*: each node is placed at a random point 
 (the first visit of every node solves it; over a 2000-step run on the two-body tasks those
 first visits are the first ~28 steps).  Prints ms a step and the ratio to the first arm
 (default (b5), the issue's reference) and writes ``results/hnn_cost_<task>.{md,json}``.
+
+``--against REV`` times the same arms as another tree builds them (a git revision of this
+repository, or a directory holding a tree's ``torchgeo_int/`` and ``experiments/``), in a child
+process (:mod:`experiments.hnn.cost_worker`) that takes turns with this one, arm by arm in each
+round, which of the two goes first alternating from round to round: a change's effect on a
+step, measured free of the machine's drift between two runs (on the 2-core machine that drift,
+±4 %, is as large as the changes it is used to measure).  What is left is the scatter of the
+rounds themselves: an arm that the two trees build alike comes out within a few per cent of
+1 in the last column, which bounds what a run can resolve.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -64,9 +81,88 @@ def stepper(arm, task, *, batch: int | None, lr: float, weight_decay: float, sho
     return step
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def other_tree(against: str):
+    """(directory, label) of the tree ``against`` names: a directory holding ``torchgeo_int/`` and
+    ``experiments/hnn/cost.py`` as it is, else a git revision of this repository, extracted
+    (``git archive``) into a temporary directory for the duration."""
+    path = Path(against)
+    if (path / "torchgeo_int").is_dir() and (path / "experiments" / "hnn" / "cost.py").is_file():
+        yield path.resolve(), str(against)
+        return
+    git = ["git", "-C", str(ROOT)]
+    try:
+        sha = subprocess.run(git + ["rev-parse", "--verify", "--quiet", f"{against}^{{commit}}"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        tar = subprocess.run(git + ["archive", "--format=tar", sha, "torchgeo_int", "experiments"],
+                             capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        raise ValueError(f"--against {against!r}: neither a tree (a directory with torchgeo_int/ and "
+                         f"experiments/hnn/cost.py) nor a revision of {ROOT} that has them") from None
+    with tempfile.TemporaryDirectory(prefix="hnn_cost_") as tmp:
+        with tarfile.open(fileobj=io.BytesIO(tar)) as tf:
+            try:
+                tf.extractall(tmp, filter="data")
+            except TypeError:         # Python before 3.11.4: no extraction filters (our own archive)
+                tf.extractall(tmp)
+        if not (Path(tmp) / "experiments" / "hnn" / "cost.py").is_file():
+            raise ValueError(f"--against {against!r}: that revision has no experiments/hnn/cost.py")
+        yield Path(tmp), sha[:12]
+
+
+class _Worker:
+    """The other tree's steppers in a child process (:mod:`experiments.hnn.cost_worker`)."""
+    RUN = "import runpy, sys; sys.path.insert(0, sys.argv[1]); runpy.run_path(sys.argv[2], run_name='__main__')"
+
+    def __init__(self, tree: Path, setup: dict):
+        self.log = tempfile.TemporaryFile(mode="w+")
+        worker = Path(__file__).with_name("cost_worker.py")       # this tree's, run on that tree
+        self.proc = subprocess.Popen([sys.executable, "-c", self.RUN, str(tree), str(worker)], cwd=tree,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                     text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        reply = self.ask(setup)
+        if "error" in reply:
+            self.close()
+            raise ValueError(f"--against: {reply['error']}")
+        if not Path(reply["ready"]).resolve().is_relative_to(tree.resolve()):
+            self.close()
+            raise RuntimeError(f"--against: the child process imported {reply['ready']}, not {tree}'s torchgeo_int")
+
+    def ask(self, message):
+        self.proc.stdin.write(json.dumps(message) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            self.log.seek(0)
+            tail = self.log.read()[-2000:]
+            self.close()
+            raise RuntimeError(f"--against: the other tree's process stopped:\n{tail}")
+        return json.loads(line)
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("null\n")
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+
+
 def measure(task_name: str, arm_keys, *, batch_size: int | None = None, rounds: int = 10,
-            steps: int = 16, warmup: int = 8, shooting: dict | None = None, data_seed: int = 0):
-    """ms a step of each arm (interleaved rounds, one thread) and its ratio to the first arm's."""
+            steps: int = 16, warmup: int = 8, shooting: dict | None = None, data_seed: int = 0,
+            against: str | None = None):
+    """ms a step of each arm (interleaved rounds, one thread) and its ratio to the first arm's.
+    ``against``: also the same arms as that tree builds them (:func:`other_tree`), each round
+    taking each arm's steps here and there in turn; the report's ``against`` holds its ms a
+    step, its ratios to its first arm, and this tree's time over its, arm by arm."""
     if task_name not in CONFIG:
         raise ValueError(f"unknown task {task_name!r}; known: {', '.join(CONFIG)}")
     rounds, steps, warmup = (check_int(rounds, "rounds", 1), check_int(steps, "steps", 1),
@@ -84,23 +180,40 @@ def measure(task_name: str, arm_keys, *, batch_size: int | None = None, rounds: 
     if unknown:
         raise ValueError(f"unknown arms {unknown}; known: {list(known)}")
     batch = batch_size or mode["batch"]                   # None: full batch, as the study
-    run = {k: stepper(known[k], task, batch=batch, lr=cfg["lr"], weight_decay=cfg["weight_decay"],
-                      shooting=sh) for k in arm_keys}
-    for k in arm_keys:
-        for _ in range(warmup):
-            run[k]()
-    seconds = dict.fromkeys(arm_keys, 0.0)
-    for _ in range(rounds):
+    with contextlib.ExitStack() as stack:
+        other = label = None
+        if against is not None:
+            tree, label = stack.enter_context(other_tree(against))
+            other = _Worker(tree, dict(task=task_name, arms=list(arm_keys), batch=batch_size,
+                                       shooting=dict(shooting or {}), data_seed=data_seed, warmup=warmup))
+            stack.callback(other.close)
+        run = {k: stepper(known[k], task, batch=batch, lr=cfg["lr"], weight_decay=cfg["weight_decay"],
+                          shooting=sh) for k in arm_keys}
         for k in arm_keys:
-            t = time.perf_counter()
-            for _ in range(steps):
+            for _ in range(warmup):
                 run[k]()
-            seconds[k] += time.perf_counter() - t
+        seconds = dict.fromkeys(arm_keys, 0.0)
+        theirs = dict.fromkeys(arm_keys, 0.0)
+        for r in range(rounds):
+            for k in arm_keys:
+                if other is not None and r % 2:     # the other tree first in every other round
+                    theirs[k] += other.ask([k, steps])
+                t = time.perf_counter()
+                for _ in range(steps):
+                    run[k]()
+                seconds[k] += time.perf_counter() - t
+                if other is not None and not r % 2:  # (it runs while this process waits for it)
+                    theirs[k] += other.ask([k, steps])
     ms = {k: 1e3 * seconds[k] / (rounds * steps) for k in arm_keys}
     ref = arm_keys[0]
-    return dict(task=task_name, batch=batch, rounds=rounds, steps=steps, shooting=sh, reference=ref,
-                arms={k: dict(label=known[k].label, ms_per_step=ms[k], ratio=ms[k] / ms[ref])
-                      for k in arm_keys})
+    rep = dict(task=task_name, batch=batch, rounds=rounds, steps=steps, shooting=sh, reference=ref,
+               arms={k: dict(label=known[k].label, ms_per_step=ms[k], ratio=ms[k] / ms[ref])
+                     for k in arm_keys})
+    if other is not None:
+        them = {k: 1e3 * theirs[k] / (rounds * steps) for k in arm_keys}
+        rep["against"] = dict(tree=label, arms={k: dict(ms_per_step=them[k], ratio=them[k] / them[ref],
+                                                        this_over_that=ms[k] / them[k]) for k in arm_keys})
+    return rep
 
 
 def markdown(rep: dict) -> str:
@@ -109,8 +222,16 @@ def markdown(rep: dict) -> str:
              + (f", each node solved at one visit in {rep['shooting']['solve_every']}" if rep["shooting"]["gauss_newton"]
                 and rep["shooting"]["solve_every"] > 1 else "") + ")", "",
              f"| arm | ms a step | against ({rep['reference']}) |", "|---|---|---|"]
-    for a in rep["arms"].values():
-        lines.append(f"| {a['label']} | {a['ms_per_step']:.1f} | {a['ratio']:.2f}× |")
+    other = rep.get("against")
+    if other:
+        lines[-2:] = [lines[-2] + f" {other['tree']}: ms a step | against ({rep['reference']}) "
+                      f"| this tree / {other['tree']} |", "|---|---|---|---|---|---|"]
+    for k, a in rep["arms"].items():
+        row = f"| {a['label']} | {a['ms_per_step']:.1f} | {a['ratio']:.2f}× |"
+        if other:
+            o = other["arms"][k]
+            row += f" {o['ms_per_step']:.1f} | {o['ratio']:.2f}× | {o['this_over_that']:.3f} |"
+        lines.append(row)
     return "\n".join(lines)
 
 
@@ -123,13 +244,16 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=16, help="steps an arm takes in each round")
     ap.add_argument("--solve-every", type=int, help="the shooting arms' solve_every (default: the task's)")
     ap.add_argument("--batch-factor2", type=int, help="(e′)'s segments per step per sample (default: the task's)")
+    ap.add_argument("--against", metavar="REV", help="also time the arms as REV builds them (a git revision "
+                    "of this repository, or a directory with a tree's torchgeo_int/ and experiments/), "
+                    "in a child process taking turns with this one")
     ap.add_argument("--out", default="results")
     args = ap.parse_args(argv)
     shooting = {k: v for k, v in dict(solve_every=args.solve_every,
                                       batch_factor2=args.batch_factor2).items() if v is not None}
     try:
         rep = measure(args.task, args.arms.split(","), batch_size=args.batch_size, rounds=args.rounds,
-                      steps=args.steps, shooting=shooting)
+                      steps=args.steps, shooting=shooting, against=args.against)
     except ValueError as e:
         ap.error(str(e))
     out = Path(args.out)
