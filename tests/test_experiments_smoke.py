@@ -535,25 +535,35 @@ def test_hnn_cost_tiny(tmp_path, monkeypatch, capsys):
     assert sizes == [4 * 7, 4 * 2] and rep["shooting"]["batch_factor2"] == 2
     with pytest.raises(SystemExit):
         hnn_cost.main(["--task", "spring", "--arms", "b5,e4", "--batch-factor2", "0"])
+    assert "batch_factor2 must be an int >= 1" in capsys.readouterr().err
 
 
 def test_hnn_cost_against_another_tree(tmp_path, capsys):
     """--against: the same arms as another tree builds them, timed in a child process that takes
     turns with this one (that tree's packages, not this one's); a git revision is extracted;
-    an unknown revision, a broken tree and a tree without the arm are clear errors."""
+    arms built differently there and settings that tree does not know are said; an unknown
+    revision, a broken tree and a tree without the arm are clear errors."""
     from experiments.hnn import cost as hnn_cost
     small = dict(batch_size=8, rounds=2, steps=1, warmup=1)
     rep = hnn_cost.measure("spring", ["b5", "e"], against=str(hnn_cost.ROOT), **small)
     them = rep["against"]["arms"]
-    assert list(them) == ["b5", "e"] and them["b5"]["ratio"] == 1.0
+    assert list(them) == ["b5", "e"] and rep["against"]["ignored"] == []
     for k in them:
-        assert them[k]["ms_per_step"] > 0
+        assert them[k]["ms_per_step"] > 0 and them[k]["label"] == rep["arms"][k]["label"]
         assert them[k]["this_over_that"] == pytest.approx(rep["arms"][k]["ms_per_step"] / them[k]["ms_per_step"])
+    assert them["e"]["ratio"] == pytest.approx(them["e"]["ms_per_step"] / them["b5"]["ms_per_step"])
     hnn_cost.main(["--task", "spring", "--arms", "b5", "--batch-size", "8", "--rounds", "1", "--steps", "1",
                    "--against", "HEAD", "--out", str(tmp_path)])
     out = capsys.readouterr().out
-    head = json.loads((tmp_path / "hnn_cost_spring.json").read_text())["against"]["tree"]
+    head = json.loads((tmp_path / "hnn_cost_spring_against.json").read_text())["against"]["tree"]
     assert len(head) == 12 and f"| this tree / {head} |" in out
+    assert not (tmp_path / "hnn_cost_spring.json").exists()          # a plain run's report is not overwritten
+    # a revision from before (e′)'s own batch factor: the override is ignored there, and said so
+    old = hnn_cost.measure("spring", ["b5"], against="8b6f7bf", shooting=dict(batch_factor2=2), **small)
+    assert old["against"]["ignored"] == ["batch_factor2"]
+    assert "has no setting batch_factor2" in hnn_cost.markdown(old)
+    with pytest.raises(ValueError, match="unknown shooting settings"):
+        hnn_cost.measure("spring", ["b5"], shooting=dict(segmnt=2), **small)
     with pytest.raises(SystemExit):
         hnn_cost.main(["--task", "spring", "--arms", "b5", "--against", "no-such-revision"])
     assert "neither a tree" in capsys.readouterr().err
@@ -566,14 +576,20 @@ def test_hnn_cost_against_another_tree(tmp_path, capsys):
     (broken / "experiments/hnn/cost.py").write_text("raise ImportError('this tree is broken')\n")
     with pytest.raises(RuntimeError, match="this tree is broken"):
         hnn_cost.measure("spring", ["b5"], against=str(broken), **small)
-    older = tmp_path / "older"                 # a tree whose study has no arm (e)
+    older = tmp_path / "older"      # a tree whose study labels (e) otherwise, has no (g), and prints
     for d in ("torchgeo_int", "experiments"):
         shutil.copytree(hnn_cost.ROOT / d, older / d, ignore=shutil.ignore_patterns("__pycache__"))
     with open(older / "experiments/hnn/train.py", "a") as f:
-        f.write("\n_all_arms = arms\n\n\ndef arms(*a, **k):\n"
-                "    return [x for x in _all_arms(*a, **k) if x.key != 'e']\n")
-    with pytest.raises(ValueError, match=r"arms \['e'\] are not in that tree's study"):
-        hnn_cost.measure("spring", ["b5", "e"], against=str(older), **small)
+        f.write("\nimport dataclasses\n_all_arms = arms\n\n\ndef arms(*a, **k):\n"
+                "    return [dataclasses.replace(x, label='(e) as it was') if x.key == 'e' else x\n"
+                "            for x in _all_arms(*a, **k) if x.key != 'g']\n")
+    with open(older / "experiments/hnn/run.py", "a") as f:
+        f.write("\nprint('drawing the data')\n")           # on stdout: must not break the protocol
+    diff = hnn_cost.measure("spring", ["b5", "e"], against=str(older), **small)
+    assert diff["against"]["arms"]["e"]["label"] == "(e) as it was"
+    assert "* (e) is built differently there: (e) as it was" in hnn_cost.markdown(diff)
+    with pytest.raises(ValueError, match=r"arms \['g'\] are not in that tree's study"):
+        hnn_cost.measure("spring", ["b5", "g"], against=str(older), **small)
 
 
 def test_hnn_parametric_probe_tiny(tmp_path, monkeypatch, capsys):
@@ -630,9 +646,12 @@ def test_hnn_parametric_probe_tiny(tmp_path, monkeypatch, capsys):
     with pytest.raises(ValueError, match="data seeds"):
         parametric.run(["pendulum"], data_seeds=1, out=tmp_path, progress=False, merge=True)
     # one arm rerun into a task of the report: its rows replaced, the task's other arms kept
-    one = parametric.run(["spring"], data_seeds=2, out=tmp_path, progress=False, merge=True, arms=["g"])
+    one = parametric.run(["spring"], data_seeds=2, out=tmp_path, progress=False, merge=True, arms=["g"],
+                         shooting={"derivative_warmup": 2})
     s = one["tasks"]["spring"]
     assert set(s["per_seed"]) == set(parametric.ARMS) and one["arms"] == list(parametric.ARMS)
+    # each arm's settings as it was trained: the rerun arm's new ones, the kept arms' earlier ones
+    assert s["arm_shooting"]["g"]["derivative_warmup"] == 2 and s["arm_shooting"]["e"] == t["shooting"]
     untimed = lambda rows: [{k: v for k, v in r.items() if not k.endswith("seconds")} for r in rows]  # noqa: E731
     assert s["per_seed"]["e"] == t["per_seed"]["e"]                            # kept
     assert untimed(s["per_seed"]["a"]) == untimed(t["per_seed"]["a"])          # rerun, seeded: the same fit

@@ -12,7 +12,8 @@ states are timed in their *steady state*: each node is placed at a random point 
 ``solve_every`` cycle, so a step solves 1/solve_every of its batch, as after the first visits
 (the first visit of every node solves it; over a 2000-step run on the two-body tasks those
 first visits are the first ~28 steps).  Prints ms a step and the ratio to the first arm
-(default (b5), the issue's reference) and writes ``results/hnn_cost_<task>.{md,json}``.
+(default (b5), the issue's reference) and writes ``results/hnn_cost_<task>.{md,json}``
+(``…_against.{md,json}`` with ``--against``).
 
 ``--against REV`` times the same arms as another tree builds them (a git revision of this
 repository, or a directory holding a tree's ``torchgeo_int/`` and ``experiments/``), in a child
@@ -114,7 +115,8 @@ def other_tree(against: str):
 
 
 class _Worker:
-    """The other tree's steppers in a child process (:mod:`experiments.hnn.cost_worker`)."""
+    """The other tree's steppers in a child process (:mod:`experiments.hnn.cost_worker`):
+    ``labels`` its arms' labels, ``ignored`` the shooting overrides its study does not know."""
     RUN = "import runpy, sys; sys.path.insert(0, sys.argv[1]); runpy.run_path(sys.argv[2], run_name='__main__')"
 
     def __init__(self, tree: Path, setup: dict):
@@ -123,24 +125,38 @@ class _Worker:
         self.proc = subprocess.Popen([sys.executable, "-c", self.RUN, str(tree), str(worker)], cwd=tree,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
                                      text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        reply = self.ask(setup)
-        if "error" in reply:
+        try:
+            reply = self.ask(setup)
+            if "error" in reply:
+                raise ValueError(f"--against: {reply['error']}")
+            home = tree.resolve()
+            wrong = [f for f in reply["ready"] if f is None or not Path(f).resolve().is_relative_to(home)]
+            if wrong:
+                raise RuntimeError(f"--against: the child process imported {wrong}, not {tree}'s packages")
+            self.labels, self.ignored = reply["labels"], reply["ignored"]
+        except BaseException:           # (an interrupt during its set-up too: no child left waiting)
             self.close()
-            raise ValueError(f"--against: {reply['error']}")
-        if not Path(reply["ready"]).resolve().is_relative_to(tree.resolve()):
-            self.close()
-            raise RuntimeError(f"--against: the child process imported {reply['ready']}, not {tree}'s torchgeo_int")
+            raise
+
+    def _stopped(self, why: str):
+        self.log.seek(0)
+        tail = self.log.read()[-2000:]
+        self.close()
+        return RuntimeError(f"--against: {why}; the other tree's process said:\n{tail}")
 
     def ask(self, message):
-        self.proc.stdin.write(json.dumps(message) + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(json.dumps(message) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise self._stopped("the other tree's process stopped") from None
         line = self.proc.stdout.readline()
         if not line:
-            self.log.seek(0)
-            tail = self.log.read()[-2000:]
-            self.close()
-            raise RuntimeError(f"--against: the other tree's process stopped:\n{tail}")
-        return json.loads(line)
+            raise self._stopped("the other tree's process stopped")
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            raise self._stopped(f"the other tree's process answered {line[:200]!r}") from None
 
     def close(self):
         if self.proc.poll() is None:
@@ -153,7 +169,12 @@ class _Worker:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-        self.log.close()
+                self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            if not f.closed:
+                f.close()
+        if not self.log.closed:
+            self.log.close()
 
 
 def measure(task_name: str, arm_keys, *, batch_size: int | None = None, rounds: int = 10,
@@ -162,11 +183,16 @@ def measure(task_name: str, arm_keys, *, batch_size: int | None = None, rounds: 
     """ms a step of each arm (interleaved rounds, one thread) and its ratio to the first arm's.
     ``against``: also the same arms as that tree builds them (:func:`other_tree`), each round
     taking each arm's steps here and there in turn; the report's ``against`` holds its ms a
-    step, its ratios to its first arm, and this tree's time over its, arm by arm."""
+    step, its ratios to its first arm, and this tree's time over its, arm by arm, with that
+    tree's labels of the arms and the ``shooting`` overrides it does not know (ignored there):
+    a row whose labels differ compares differently built arms, which the markdown says."""
     if task_name not in CONFIG:
         raise ValueError(f"unknown task {task_name!r}; known: {', '.join(CONFIG)}")
     rounds, steps, warmup = (check_int(rounds, "rounds", 1), check_int(steps, "steps", 1),
                              check_int(warmup, "warmup", 0))
+    unknown = sorted(set(shooting or {}) - set(SHOOTING_DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown shooting settings {unknown}; known: {sorted(SHOOTING_DEFAULTS)}")
     for k in ("solve_every", "batch_factor2"):      # the others come from the study's own flags
         if (shooting or {}).get(k) is not None:
             check_int(shooting[k], k, 1)
@@ -211,8 +237,9 @@ def measure(task_name: str, arm_keys, *, batch_size: int | None = None, rounds: 
                      for k in arm_keys})
     if other is not None:
         them = {k: 1e3 * theirs[k] / (rounds * steps) for k in arm_keys}
-        rep["against"] = dict(tree=label, arms={k: dict(ms_per_step=them[k], ratio=them[k] / them[ref],
-                                                        this_over_that=ms[k] / them[k]) for k in arm_keys})
+        rep["against"] = dict(tree=label, ignored=other.ignored,
+                              arms={k: dict(label=other.labels[k], ms_per_step=them[k], ratio=them[k] / them[ref],
+                                            this_over_that=ms[k] / them[k]) for k in arm_keys})
     return rep
 
 
@@ -226,13 +253,19 @@ def markdown(rep: dict) -> str:
     if other:
         lines[-2:] = [lines[-2] + f" {other['tree']}: ms a step | against ({rep['reference']}) "
                       f"| this tree / {other['tree']} |", "|---|---|---|---|---|---|"]
+    notes = []
     for k, a in rep["arms"].items():
         row = f"| {a['label']} | {a['ms_per_step']:.1f} | {a['ratio']:.2f}× |"
         if other:
             o = other["arms"][k]
             row += f" {o['ms_per_step']:.1f} | {o['ratio']:.2f}× | {o['this_over_that']:.3f} |"
+            if o["label"] != a["label"]:
+                notes.append(f"* ({k}) is built differently there: {o['label']}")
         lines.append(row)
-    return "\n".join(lines)
+    if other and other["ignored"]:
+        notes.append(f"* {other['tree']}'s study has no setting {', '.join(other['ignored'])}: its arms ran "
+                     f"with their own (a ratio of such an arm compares different settings)")
+    return "\n".join(lines + ([""] + notes if notes else []))
 
 
 def main(argv=None):
@@ -258,8 +291,9 @@ def main(argv=None):
         ap.error(str(e))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"hnn_cost_{args.task}.json").write_text(json.dumps(rep, indent=1))
-    (out / f"hnn_cost_{args.task}.md").write_text(markdown(rep) + "\n")
+    stem = f"hnn_cost_{args.task}" + ("_against" if args.against else "")   # (a plain run's kept)
+    (out / f"{stem}.json").write_text(json.dumps(rep, indent=1))
+    (out / f"{stem}.md").write_text(markdown(rep) + "\n")
     print(markdown(rep))
 
 

@@ -227,7 +227,7 @@ def main(argv=None):
     ap.add_argument("--steps", type=number("int", 1), default=2000)
     ap.add_argument("--every", type=number("int", 1), default=200)
     ap.add_argument("--batch-size", type=int, help="random segments per step (default: all; the "
-                    "study multiplies its batch by the task's batch_factor)")
+                    "study multiplies its batch by the task's batch_factor, (e′)'s by batch_factor2)")
     ap.add_argument("--segment", type=int, help="shooting segment length (0: single shooting)")
     ap.add_argument("--continuity", type=float)
     ap.add_argument("--state-lr", type=float)

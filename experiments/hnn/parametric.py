@@ -170,6 +170,7 @@ def run(tasks, *, data_seeds: int = 5, out="results", progress: bool = True, ste
                 checks.append({"data_seed": ds, "adam": coefficients(trained["a"][0]),
                                "closed_form": closed_form_derivative_matching(name, task.to(torch.float64))})
         report["tasks"][name] = {"steps": n_steps, "batch_size": mode["batch"], "shooting": sh,
+                                 "arm_shooting": dict.fromkeys(rows, sh),
                                  "truth_b_a": FAMILIES[name][2], "per_seed": rows,
                                  "derivative_matching_check": checks,
                                  "summary": {k: summarize(v) for k, v in rows.items()}}
@@ -185,6 +186,9 @@ def run(tasks, *, data_seeds: int = 5, out="results", progress: bool = True, ste
             # the arms run again replace theirs; (a), rerun with every run, is the same seeded fit
             t["per_seed"] = old["per_seed"] | t["per_seed"]
             t["summary"] = old["summary"] | t["summary"]
+            # each arm keeps the shooting settings it was trained with (a report of before this
+            # record: the report's settings, which were every arm's then)
+            t["arm_shooting"] = (old.get("arm_shooting") or dict.fromkeys(old["per_seed"], old["shooting"])) | t["arm_shooting"]
         report["tasks"] = previous["tasks"] | report["tasks"]
         report["arms"] = [k for k in ARMS if any(k in t["per_seed"] for t in report["tasks"].values())]
         report["wall_seconds"] += previous["wall_seconds"]
