@@ -545,19 +545,18 @@ def test_hnn_cost_against_another_tree(tmp_path, capsys):
     revision, a broken tree and a tree without the arm are clear errors."""
     from experiments.hnn import cost as hnn_cost
     small = dict(batch_size=8, rounds=2, steps=1, warmup=1)
-    rep = hnn_cost.measure("spring", ["b5", "e"], against=str(hnn_cost.ROOT), **small)
-    them = rep["against"]["arms"]
+    hnn_cost.main(["--task", "spring", "--arms", "b5,e", "--batch-size", "8", "--rounds", "2", "--steps", "1",
+                   "--against", "HEAD", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    rep = json.loads((tmp_path / "hnn_cost_spring_against.json").read_text())
+    assert not (tmp_path / "hnn_cost_spring.json").exists()          # a plain run's report is not overwritten
+    head, them = rep["against"]["tree"], rep["against"]["arms"]
+    assert len(head) == 12 and f"| this tree / {head} |" in out
     assert list(them) == ["b5", "e"] and rep["against"]["ignored"] == []
     for k in them:
         assert them[k]["ms_per_step"] > 0 and them[k]["label"] == rep["arms"][k]["label"]
         assert them[k]["this_over_that"] == pytest.approx(rep["arms"][k]["ms_per_step"] / them[k]["ms_per_step"])
     assert them["e"]["ratio"] == pytest.approx(them["e"]["ms_per_step"] / them["b5"]["ms_per_step"])
-    hnn_cost.main(["--task", "spring", "--arms", "b5", "--batch-size", "8", "--rounds", "1", "--steps", "1",
-                   "--against", "HEAD", "--out", str(tmp_path)])
-    out = capsys.readouterr().out
-    head = json.loads((tmp_path / "hnn_cost_spring_against.json").read_text())["against"]["tree"]
-    assert len(head) == 12 and f"| this tree / {head} |" in out
-    assert not (tmp_path / "hnn_cost_spring.json").exists()          # a plain run's report is not overwritten
     # a revision from before (e′)'s own batch factor: the override is ignored there, and said so
     old = hnn_cost.measure("spring", ["b5"], against="8b6f7bf", shooting=dict(batch_factor2=2), **small)
     assert old["against"]["ignored"] == ["batch_factor2"]
