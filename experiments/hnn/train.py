@@ -22,7 +22,8 @@ r"""The arms of the HNN study: what is trained, on what, and how it is rolled ou
                Gauss–Newton before each step (``gauss_newton``: variable projection), per task
                in ``run.SHOOTING``.
 (e′)  ``e4``   the same through ``shooting["method2"]`` (yoshida4 at h = dt by default), rolled
-               out by that method at the same step.
+               out by that method at the same step; segments per step ``batch_factor2`` × the
+               batch where that is set (its step costs more than Verlet's), else as (e).
 (g)   ``g``    (e) with the derivative targets of (a) as well (TrajectoryFit's ``derivatives``):
                derivative matching at the fit's estimated states instead of at the noisy
                observations, the states solved from the observed states *and* derivatives; the
