@@ -543,6 +543,7 @@ def test_hnn_cost_against_another_tree(tmp_path, capsys):
     turns with this one (that tree's packages, not this one's); a git revision is extracted;
     arms built differently there and settings that tree does not know are said; an unknown
     revision, a broken tree and a tree without the arm are clear errors."""
+    from experiments import trees
     from experiments.hnn import cost as hnn_cost
     small = dict(batch_size=8, rounds=2, steps=1, warmup=1)
     hnn_cost.main(["--task", "spring", "--arms", "b5,e", "--batch-size", "8", "--rounds", "2", "--steps", "1",
@@ -577,7 +578,7 @@ def test_hnn_cost_against_another_tree(tmp_path, capsys):
         hnn_cost.measure("spring", ["b5"], against=str(broken), **small)
     older = tmp_path / "older"      # a tree whose study labels (e) otherwise, has no (g), and prints
     for d in ("torchgeo_int", "experiments"):
-        shutil.copytree(hnn_cost.ROOT / d, older / d, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(trees.ROOT / d, older / d, ignore=shutil.ignore_patterns("__pycache__"))
     with open(older / "experiments/hnn/train.py", "a") as f:
         f.write("\nimport dataclasses\n_all_arms = arms\n\n\ndef arms(*a, **k):\n"
                 "    return [dataclasses.replace(x, label='(e) as it was') if x.key == 'e' else x\n"
@@ -685,3 +686,19 @@ def test_hnn_parametric_probe_tiny(tmp_path, monkeypatch, capsys):
         with pytest.raises(SystemExit):
             hnn_run.main(["--task", "spring"] + argv)
         assert message in capsys.readouterr().err
+
+
+def test_compare_trees_runs_two_revisions_side_by_side(tmp_path, monkeypatch, capsys):
+    """compare_trees: a git revision and a directory, each measured in its own worker process
+    (experiments.trees), rows and a memory cell for each; a name that is neither is a usage error."""
+    from experiments.bench import compare_trees
+    from experiments.trees import ROOT
+    monkeypatch.setattr(compare_trees, "QUICK_ROWS", [("verlet", 4, 8)])
+    out = tmp_path / "cmp.md"
+    compare_trees.main(["--before", "HEAD", "--after", str(ROOT), "--quick", "--memory-steps", "5",
+                        "--memory-batch", "4", "--out", str(out)])
+    text = out.read_text()
+    assert "| verlet | 4 | 8 |" in text and "| backprop |" in text and text.strip() in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        compare_trees.main(["--before", "no-such-revision", "--after", str(ROOT)])
+    assert "neither a tree" in capsys.readouterr().err

@@ -356,6 +356,8 @@ def test_a_lie_group_energy_must_give_one_value_per_sample():
     ("experiments.bench.gpu", ["--quick", "--device", "cpu", "--steps", "-1"], "--steps: must be an int >= 1"),
     ("experiments.bench.training_cost", ["--quick", "--batch", "0"], "--batch: must be an int >= 1"),
     ("experiments.bench.odeint_overhead", ["--trees", "foo"], "--trees takes label=path"),
+    ("experiments.bench.odeint_overhead", ["--trees", "a=/nonexistent"], "is neither a tree"),
+    ("experiments.bench.compare_trees", ["--before", "HEAD"], "--before and --after are required"),
     ("experiments.bench.odeint_overhead", ["--rounds", "0"], "--rounds and --repeats must be at least 1"),
 ])
 def test_experiment_commands_refuse_bad_names_and_counts_with_a_usage_line(module, argv, message, capsys):

@@ -1,9 +1,11 @@
 """Throughput and memory of two checkouts of torchgeo_int, side by side (a refactor's before/after).
 
-    OMP_NUM_THREADS=1 python experiments/bench/compare_trees.py --before PATH --after PATH \
+    OMP_NUM_THREADS=1 python experiments/bench/compare_trees.py --before REV --after REV \
         [--rounds 7] [--memory-repeats 3] [--quick] [--out results/bench/compare_trees.md]
 
-Each tree's ``torchgeo_int`` runs in its own worker process (one thread); the measuring code is
+REV: a directory holding ``torchgeo_int`` (a worktree) or a git revision of this repository
+(:func:`experiments.trees.tree`).  Each tree's ``torchgeo_int`` runs in its own worker process
+(:class:`experiments.trees.Worker`, one thread); the measuring code is
 this checkout's ``experiments.bench`` (``throughput.configurations``, ``memory.one_step``), so
 both trees run identical benchmarks through the public API.  Rows:
 
@@ -22,6 +24,7 @@ Compilation (the first call of a ``+compile`` row) is done once per worker, outs
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -79,7 +82,10 @@ def worker(tree):
                           options=dict(separable=True, step_size=throughput.H))
 
     for line in sys.stdin:
-        config, batch, steps = json.loads(line)["row"]
+        order = json.loads(line)
+        if order is None:
+            return
+        config, batch, steps = order["row"]
         key = (config, batch)
         with torch.no_grad(), throughput.warnings_off():
             if key not in fns:
@@ -97,25 +103,6 @@ def memory_child(tree, mode, steps, batch):
     _import_tree(tree)
     from experiments.bench import memory
     print(json.dumps(memory.one_step(mode, steps, batch, "cpu", "float32")), flush=True)
-
-
-class Worker:
-    def __init__(self, tree):
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH="")
-        self.proc = subprocess.Popen([sys.executable, __file__, "--worker", str(tree)], env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-
-    def time(self, row):
-        self.proc.stdin.write(json.dumps({"row": list(row)}) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"worker died on {row}")
-        return json.loads(line)["s"]
-
-    def close(self):
-        self.proc.stdin.close()
-        self.proc.wait()
 
 
 def memory_cell(tree, mode, steps, batch):
@@ -149,24 +136,40 @@ def main(argv=None):
         return memory_child(tree, mode, int(steps), int(batch))
     if not (args.before and args.after):
         ap.error("--before and --after are required")
+    if str(ROOT) not in sys.path:             # (run as a script: this checkout's experiments)
+        sys.path.insert(0, str(ROOT))
+    from experiments import trees as source_trees
+    with contextlib.ExitStack() as stack:
+        try:
+            trees = {k: stack.enter_context(source_trees.tree(v))[0]
+                     for k, v in (("before", args.before), ("after", args.after))}
+        except ValueError as e:
+            ap.error(str(e))
+        text = _compare(args, trees, stack)
+    print(text)
+    if args.out:
+        pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(args.out).write_text(text + "\n")
 
-    trees = {"before": args.before, "after": args.after}
+
+def _compare(args, trees, stack):
+    """The markdown table of the two trees' rows and memory cells."""
+    from experiments.trees import Worker
     rows = QUICK_ROWS if args.quick else EVERY_STATE_ROWS if args.rows == "every_state" else ROWS
     rounds = 2 if args.quick else args.rounds
     start = time.perf_counter()
-    workers = {k: Worker(v) for k, v in trees.items()}
+    workers = {k: stack.enter_context(Worker(v, __file__, "--worker", v, env={"PYTHONPATH": ""}))
+               for k, v in trees.items()}
     best = {(k, r): float("inf") for k in trees for r in rows}
-    try:
-        for i in range(rounds):
-            for row in rows:
-                order = ("before", "after") if (i + rows.index(row)) % 2 == 0 else ("after", "before")
-                for k in order:
-                    best[k, row] = min(best[k, row], workers[k].time(row))
-            print(f"[compare_trees] round {i + 1}/{rounds} done, {time.perf_counter() - start:.0f} s",
-                  file=sys.stderr, flush=True)
-    finally:
-        for w in workers.values():
-            w.close()
+    for i in range(rounds):
+        for row in rows:
+            order = ("before", "after") if (i + rows.index(row)) % 2 == 0 else ("after", "before")
+            for k in order:
+                best[k, row] = min(best[k, row], workers[k].ask({"row": list(row)})["s"])
+        print(f"[compare_trees] round {i + 1}/{rounds} done, {time.perf_counter() - start:.0f} s",
+              file=sys.stderr, flush=True)
+    for w in workers.values():
+        w.close()
     lines = ["| row | batch | steps | before ms | after ms | after/before |", "|---|---|---|---|---|---|"]
     for row in rows:
         b, a = best["before", row], best["after", row]
@@ -197,11 +200,7 @@ def main(argv=None):
                      f"{a['seconds'] / b['seconds']:.3f} |")
     lines += ["", f"before: {args.before}; after: {args.after}; {rounds} rounds; "
               f"{time.perf_counter() - start:.0f} s in all"]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(args.out).write_text(text + "\n")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """odeint against hand loops with the same func evaluations, for comparing source trees.
 
-    python -m experiments.bench.odeint_overhead --trees before=/path/to/old/tree after=. \
+    python -m experiments.bench.odeint_overhead --trees before=REV after=. \
         [--rounds 3] [--repeats 5] [--grad] [--force norm|pow]
 
-Each tree (a directory holding ``torchgeo_int``) runs in its own process, the trees alternating
+Each tree (a directory holding ``torchgeo_int``, or a git revision:
+:func:`experiments.trees.tree`) runs in its own process, the trees alternating
 ``--rounds`` times, so a shared machine's load falls on all alike; in each process every
 configuration runs odeint and its hand loop back to back ``--repeats`` times.  Prints per tree
 best odeint / best hand (ms), the ratio of the bests and the median ratio of the pairs, and the
@@ -18,6 +19,7 @@ q/(q·q)^{3/2} (``pow``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -141,10 +143,22 @@ def main(argv=None):
     if args.worker:
         print(json.dumps(worker(args.repeats, args.grad, args.force)))
         return
-    bad = [t for t in args.trees if "=" not in t or not os.path.isdir(t.split("=", 1)[1])]
+    bad = [t for t in args.trees if "=" not in t]
     if bad:
-        ap.error(f"--trees takes label=path with path a folder holding torchgeo_int, got {bad}")
-    trees = [t.split("=", 1) for t in args.trees]
+        ap.error(f"--trees takes label=path with path a folder holding torchgeo_int (or label=REV, a "
+                 f"git revision), got {bad}")
+    from experiments import trees as source_trees
+    with contextlib.ExitStack() as stack:
+        try:
+            trees = [(label, stack.enter_context(source_trees.tree(spec))[0])
+                     for label, spec in (t.split("=", 1) for t in args.trees)]
+        except ValueError as e:
+            ap.error(str(e))
+        _compare(args, trees)
+
+
+def _compare(args, trees):
+    """Each tree's best odeint and hand-loop times over the rounds, printed side by side."""
     best = {}
     for _ in range(args.rounds):
         for label, tree in trees:

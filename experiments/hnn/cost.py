@@ -16,9 +16,9 @@ first visits are the first ~28 steps).  Prints ms a step and the ratio to the fi
 (``…_against.{md,json}`` with ``--against``).
 
 ``--against REV`` times the same arms as another tree builds them (a git revision of this
-repository, or a directory holding a tree's ``torchgeo_int/`` and ``experiments/``), in a child
-process (:mod:`experiments.hnn.cost_worker`) that takes turns with this one, arm by arm in each
-round, which of the two goes first alternating from round to round: a change's effect on a
+repository, or a directory holding a tree's ``torchgeo_int/`` and ``experiments/``:
+:mod:`experiments.trees`), in a child process (:mod:`experiments.hnn.cost_worker`) that takes
+turns with this one, arm by arm in each round, which of the two goes first alternating from round to round: a change's effect on a
 step, measured free of the machine's drift between two runs (on the 2-core machine that drift,
 ±4 %, is as large as the changes it is used to measure).  What is left is the scatter of the
 rounds themselves: an arm that the two trees build alike comes out within a few per cent of
@@ -28,18 +28,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import json
-import os
-import subprocess
-import sys
-import tarfile
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from experiments import trees
 from torchgeo_int._validate import check_int
 from torchgeo_int.nn.training import make_optimizer
 
@@ -82,106 +77,15 @@ def stepper(arm, task, *, batch: int | None, lr: float, weight_decay: float, sho
     return step
 
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@contextlib.contextmanager
-def other_tree(against: str):
-    """(directory, label) of the tree ``against`` names: a directory holding ``torchgeo_int/`` and
-    ``experiments/hnn/cost.py`` as it is, else a git revision of this repository, extracted
-    (``git archive``) into a temporary directory for the duration."""
-    path = Path(against)
-    if (path / "torchgeo_int").is_dir() and (path / "experiments" / "hnn" / "cost.py").is_file():
-        yield path.resolve(), str(against)
-        return
-    git = ["git", "-C", str(ROOT)]
-    try:
-        sha = subprocess.run(git + ["rev-parse", "--verify", "--quiet", f"{against}^{{commit}}"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-        tar = subprocess.run(git + ["archive", "--format=tar", sha, "torchgeo_int", "experiments"],
-                             capture_output=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        raise ValueError(f"--against {against!r}: neither a tree (a directory with torchgeo_int/ and "
-                         f"experiments/hnn/cost.py) nor a revision of {ROOT} that has them") from None
-    with tempfile.TemporaryDirectory(prefix="hnn_cost_") as tmp:
-        with tarfile.open(fileobj=io.BytesIO(tar)) as tf:
-            try:
-                tf.extractall(tmp, filter="data")
-            except TypeError:         # Python before 3.11.4: no extraction filters (our own archive)
-                tf.extractall(tmp)
-        if not (Path(tmp) / "experiments" / "hnn" / "cost.py").is_file():
-            raise ValueError(f"--against {against!r}: that revision has no experiments/hnn/cost.py")
-        yield Path(tmp), sha[:12]
-
-
-class _Worker:
-    """The other tree's steppers in a child process (:mod:`experiments.hnn.cost_worker`):
-    ``labels`` its arms' labels, ``ignored`` the shooting overrides its study does not know."""
-    RUN = "import runpy, sys; sys.path.insert(0, sys.argv[1]); runpy.run_path(sys.argv[2], run_name='__main__')"
-
-    def __init__(self, tree: Path, setup: dict):
-        self.log = tempfile.TemporaryFile(mode="w+")
-        worker = Path(__file__).with_name("cost_worker.py")       # this tree's, run on that tree
-        self.proc = subprocess.Popen([sys.executable, "-c", self.RUN, str(tree), str(worker)], cwd=tree,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                     text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        try:
-            reply = self.ask(setup)
-            if "error" in reply:
-                raise ValueError(f"--against: {reply['error']}")
-            home = tree.resolve()
-            wrong = [f for f in reply["ready"] if f is None or not Path(f).resolve().is_relative_to(home)]
-            if wrong:
-                raise RuntimeError(f"--against: the child process imported {wrong}, not {tree}'s packages")
-            self.labels, self.ignored = reply["labels"], reply["ignored"]
-        except BaseException:           # (an interrupt during its set-up too: no child left waiting)
-            self.close()
-            raise
-
-    def _stopped(self, why: str):
-        self.log.seek(0)
-        tail = self.log.read()[-2000:]
-        self.close()
-        return RuntimeError(f"--against: {why}; the other tree's process said:\n{tail}")
-
-    def ask(self, message):
-        try:
-            self.proc.stdin.write(json.dumps(message) + "\n")
-            self.proc.stdin.flush()
-        except BrokenPipeError:
-            raise self._stopped("the other tree's process stopped") from None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise self._stopped("the other tree's process stopped")
-        try:
-            return json.loads(line)
-        except json.JSONDecodeError:
-            raise self._stopped(f"the other tree's process answered {line[:200]!r}") from None
-
-    def close(self):
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write("null\n")
-                self.proc.stdin.close()
-            except OSError:
-                pass
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        for f in (self.proc.stdin, self.proc.stdout):
-            if not f.closed:
-                f.close()
-        if not self.log.closed:
-            self.log.close()
+#: the other tree's side of --against: this checkout's file, run on that tree's packages
+WORKER = Path(__file__).with_name("cost_worker.py")
 
 
 def measure(task_name: str, arm_keys, *, batch_size: int | None = None, rounds: int = 10,
             steps: int = 16, warmup: int = 8, shooting: dict | None = None, data_seed: int = 0,
             against: str | None = None):
     """ms a step of each arm (interleaved rounds, one thread) and its ratio to the first arm's.
-    ``against``: also the same arms as that tree builds them (:func:`other_tree`), each round
+    ``against``: also the same arms as that tree builds them (:func:`experiments.trees.tree`), each round
     taking each arm's steps here and there in turn; the report's ``against`` holds its ms a
     step, its ratios to its first arm, and this tree's time over its, arm by arm, with that
     tree's labels of the arms and the ``shooting`` overrides it does not know (ignored there):
@@ -209,10 +113,18 @@ def measure(task_name: str, arm_keys, *, batch_size: int | None = None, rounds: 
     with contextlib.ExitStack() as stack:
         other = label = None
         if against is not None:
-            tree, label = stack.enter_context(other_tree(against))
-            other = _Worker(tree, dict(task=task_name, arms=list(arm_keys), batch=batch_size,
-                                       shooting=dict(shooting or {}), data_seed=data_seed, warmup=warmup))
-            stack.callback(other.close)
+            try:
+                tree, label = stack.enter_context(trees.tree(against, needs=("torchgeo_int", "experiments/hnn/cost.py")))
+            except ValueError as e:
+                raise ValueError(f"--against: {e}") from None
+            other = stack.enter_context(trees.Worker(tree, WORKER))
+            ready = other.ask(dict(task=task_name, arms=list(arm_keys), batch=batch_size,
+                                   shooting=dict(shooting or {}), data_seed=data_seed, warmup=warmup))
+            if "error" in ready:
+                raise ValueError(f"--against: {ready['error']}")
+            wrong = [f for f in ready["ready"] if f is None or not Path(f).resolve().is_relative_to(tree.resolve())]
+            if wrong:
+                raise RuntimeError(f"--against: the worker imported {wrong}, not {tree}'s packages")
         run = {k: stepper(known[k], task, batch=batch, lr=cfg["lr"], weight_decay=cfg["weight_decay"],
                           shooting=sh) for k in arm_keys}
         for k in arm_keys:
@@ -237,8 +149,8 @@ def measure(task_name: str, arm_keys, *, batch_size: int | None = None, rounds: 
                      for k in arm_keys})
     if other is not None:
         them = {k: 1e3 * theirs[k] / (rounds * steps) for k in arm_keys}
-        rep["against"] = dict(tree=label, ignored=other.ignored,
-                              arms={k: dict(label=other.labels[k], ms_per_step=them[k], ratio=them[k] / them[ref],
+        rep["against"] = dict(tree=label, ignored=ready["ignored"],
+                              arms={k: dict(label=ready["labels"][k], ms_per_step=them[k], ratio=them[k] / them[ref],
                                             this_over_that=ms[k] / them[k]) for k in arm_keys})
     return rep
 
