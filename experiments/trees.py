@@ -26,13 +26,14 @@ ROOT = Path(__file__).resolve().parents[1]          # this checkout
 
 
 @contextlib.contextmanager
-def tree(spec, *, needs: tuple[str, ...] = ("torchgeo_int",)):
-    """(directory, label) of the tree ``spec`` names: a directory holding ``needs`` as it is,
-    else a git revision of this repository whose ``torchgeo_int`` and ``experiments`` are
-    extracted (``git archive``) into a temporary directory, removed afterwards; the label is
-    the directory as given, or the revision's 12-digit hash."""
+def tree(spec, *, needs: tuple[str, ...] = ("torchgeo_int/__init__.py",)):
+    """(directory, label) of the tree ``spec`` names: a directory holding the files ``needs``
+    as it is (a directory of that name wins over a revision), else a git revision of this
+    repository whose ``torchgeo_int`` and ``experiments`` are extracted (``git archive``) into a
+    temporary directory, removed afterwards; the label is the directory as given, or the
+    revision's name and 12-digit hash."""
     path = Path(spec)
-    if all((path / n).exists() for n in needs):
+    if all((path / n).is_file() for n in needs):
         yield path.resolve(), str(spec)
         return
     git = ["git", "-C", str(ROOT)]
@@ -51,10 +52,10 @@ def tree(spec, *, needs: tuple[str, ...] = ("torchgeo_int",)):
                 archive.extractall(tmp, filter="data")
             except TypeError:         # Python before 3.11.4: no extraction filters (our own archive)
                 archive.extractall(tmp)
-        missing = [n for n in needs if not (Path(tmp) / n).exists()]
+        missing = [n for n in needs if not (Path(tmp) / n).is_file()]
         if missing:
             raise ValueError(f"revision {spec!r} has no {', '.join(missing)}")
-        yield Path(tmp), sha[:12]
+        yield Path(tmp), f"{spec} ({sha[:12]})" if not sha.startswith(str(spec)) else sha[:12]
 
 
 class Worker:
@@ -80,10 +81,11 @@ class Worker:
         self.close()
 
     def _stopped(self, why: str) -> RuntimeError:
-        self.log.seek(0)
-        tail = self.log.read()[-2000:]
+        if not self.log.closed:               # (asked again after a failure: the tail is kept)
+            self.log.seek(0)
+            self.tail = self.log.read()[-2000:]
         self.close()
-        return RuntimeError(f"{why}; its stderr ends:\n{tail}")
+        return RuntimeError(f"{why}; its stderr ends:\n{getattr(self, 'tail', '')}")
 
     def ask(self, message):
         """Send ``message`` as a JSON line; its answer, parsed."""

@@ -552,7 +552,7 @@ def test_hnn_cost_against_another_tree(tmp_path, capsys):
     rep = json.loads((tmp_path / "hnn_cost_spring_against.json").read_text())
     assert not (tmp_path / "hnn_cost_spring.json").exists()          # a plain run's report is not overwritten
     head, them = rep["against"]["tree"], rep["against"]["arms"]
-    assert len(head) == 12 and f"| this tree / {head} |" in out
+    assert head.startswith("HEAD (") and len(head) == len("HEAD ()") + 12 and f"| this tree / {head} |" in out
     assert list(them) == ["b5", "e"] and rep["against"]["ignored"] == []
     for k in them:
         assert them[k]["ms_per_step"] > 0 and them[k]["label"] == rep["arms"][k]["label"]
@@ -699,6 +699,30 @@ def test_compare_trees_runs_two_revisions_side_by_side(tmp_path, monkeypatch, ca
                         "--memory-batch", "4", "--out", str(out)])
     text = out.read_text()
     assert "| verlet | 4 | 8 |" in text and "| backprop |" in text and text.strip() in capsys.readouterr().out
+    assert "before: HEAD (" in text and f"after: {ROOT}" in text           # the revision's hash named
     with pytest.raises(SystemExit):
         compare_trees.main(["--before", "no-such-revision", "--after", str(ROOT)])
-    assert "neither a tree" in capsys.readouterr().err
+    assert "--before: 'no-such-revision' is neither a tree" in capsys.readouterr().err
+
+
+def test_a_tree_worker_that_stops_or_garbles_is_an_error_with_its_stderr(tmp_path):
+    """experiments.trees.Worker: answers come back parsed; a child that answers something else,
+    or stops, is a RuntimeError carrying its stderr, asked once or again; closing twice is fine."""
+    from experiments.trees import Worker
+    script = tmp_path / "toy.py"
+    script.write_text("import json, sys\n"
+                      "for line in sys.stdin:\n"
+                      "    m = json.loads(line)\n"
+                      "    if m is None: break\n"
+                      "    if m == 'garble': print('not json', flush=True)\n"
+                      "    elif m == 'die': sys.exit('dying on request')\n"
+                      "    else: print(json.dumps([m, sys.argv[1:]]), flush=True)\n")
+    with Worker(tmp_path, script, "x", 2) as w:
+        assert w.ask(3) == [3, ["x", "2"]]
+        with pytest.raises(RuntimeError, match="answered 'not json"):
+            w.ask("garble")
+    w = Worker(tmp_path, script)
+    for _ in range(2):                         # the second ask: the same error, not a closed file's
+        with pytest.raises(RuntimeError, match="stopped; its stderr ends:\n.*dying on request"):
+            w.ask("die")
+    w.close()

@@ -116,8 +116,9 @@ def memory_cell(tree, mode, steps, batch):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--before", help="the reference checkout (a worktree of the old commit)")
-    ap.add_argument("--after", help="the checkout compared with it")
+    ap.add_argument("--before", help="the reference tree: a directory holding torchgeo_int (a worktree), "
+                    "or a git revision of this repository")
+    ap.add_argument("--after", help="the tree compared with it (the same kinds)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--memory-repeats", type=int, default=3)
     ap.add_argument("--memory-steps", type=int, default=1000)
@@ -140,19 +141,20 @@ def main(argv=None):
         sys.path.insert(0, str(ROOT))
     from experiments import trees as source_trees
     with contextlib.ExitStack() as stack:
-        try:
-            trees = {k: stack.enter_context(source_trees.tree(v))[0]
-                     for k, v in (("before", args.before), ("after", args.after))}
-        except ValueError as e:
-            ap.error(str(e))
-        text = _compare(args, trees, stack)
+        trees, labels = {}, {}
+        for k, v in (("before", args.before), ("after", args.after)):
+            try:
+                trees[k], labels[k] = stack.enter_context(source_trees.tree(v))
+            except ValueError as e:
+                ap.error(f"--{k}: {e}")
+        text = _compare(args, trees, labels, stack)
     print(text)
     if args.out:
         pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         pathlib.Path(args.out).write_text(text + "\n")
 
 
-def _compare(args, trees, stack):
+def _compare(args, trees, labels, stack):
     """The markdown table of the two trees' rows and memory cells."""
     from experiments.trees import Worker
     rows = QUICK_ROWS if args.quick else EVERY_STATE_ROWS if args.rows == "every_state" else ROWS
@@ -165,7 +167,11 @@ def _compare(args, trees, stack):
         for row in rows:
             order = ("before", "after") if (i + rows.index(row)) % 2 == 0 else ("after", "before")
             for k in order:
-                best[k, row] = min(best[k, row], workers[k].ask({"row": list(row)})["s"])
+                try:
+                    s = workers[k].ask({"row": list(row)})["s"]
+                except RuntimeError as e:
+                    raise RuntimeError(f"{k} ({labels[k]}) on {row}: {e}") from None
+                best[k, row] = min(best[k, row], s)
         print(f"[compare_trees] round {i + 1}/{rounds} done, {time.perf_counter() - start:.0f} s",
               file=sys.stderr, flush=True)
     for w in workers.values():
@@ -198,7 +204,7 @@ def _compare(args, trees, stack):
         lines.append(f"| {mode} | {b['graph_mib']:.2f} | {a['graph_mib']:.2f} | {b['peak_mib']:.1f} | "
                      f"{a['peak_mib']:.1f} | {b['seconds']:.3f} | {a['seconds']:.3f} | "
                      f"{a['seconds'] / b['seconds']:.3f} |")
-    lines += ["", f"before: {args.before}; after: {args.after}; {rounds} rounds; "
+    lines += ["", f"before: {labels['before']}; after: {labels['after']}; {rounds} rounds; "
               f"{time.perf_counter() - start:.0f} s in all"]
     return "\n".join(lines)
 

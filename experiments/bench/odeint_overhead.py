@@ -130,7 +130,8 @@ def worker(repeats, grad, force):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trees", nargs="+", default=["this=."], help="label=path ...")
+    ap.add_argument("--trees", nargs="+", default=["this=."],
+                    help="label=TREE ...: TREE a directory holding torchgeo_int, or a git revision")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--grad", action="store_true")
@@ -147,13 +148,17 @@ def main(argv=None):
     if bad:
         ap.error(f"--trees takes label=path with path a folder holding torchgeo_int (or label=REV, a "
                  f"git revision), got {bad}")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if root not in sys.path:                  # (run as a script: this checkout's experiments)
+        sys.path.insert(0, root)
     from experiments import trees as source_trees
     with contextlib.ExitStack() as stack:
-        try:
-            trees = [(label, stack.enter_context(source_trees.tree(spec))[0])
-                     for label, spec in (t.split("=", 1) for t in args.trees)]
-        except ValueError as e:
-            ap.error(str(e))
+        trees = []
+        for label, spec in (t.split("=", 1) for t in args.trees):
+            try:
+                trees.append((label, stack.enter_context(source_trees.tree(spec))[0]))
+            except ValueError as e:
+                ap.error(f"--trees {label}={spec}: {e}")
         _compare(args, trees)
 
 

@@ -81,6 +81,13 @@ def stepper(arm, task, *, batch: int | None, lr: float, weight_decay: float, sho
 WORKER = Path(__file__).with_name("cost_worker.py")
 
 
+def _ask(worker, message):
+    try:
+        return worker.ask(message)
+    except RuntimeError as e:
+        raise RuntimeError(f"--against: {e}") from None
+
+
 def measure(task_name: str, arm_keys, *, batch_size: int | None = None, rounds: int = 10,
             steps: int = 16, warmup: int = 8, shooting: dict | None = None, data_seed: int = 0,
             against: str | None = None):
@@ -114,12 +121,13 @@ def measure(task_name: str, arm_keys, *, batch_size: int | None = None, rounds: 
         other = label = None
         if against is not None:
             try:
-                tree, label = stack.enter_context(trees.tree(against, needs=("torchgeo_int", "experiments/hnn/cost.py")))
+                tree, label = stack.enter_context(trees.tree(against, needs=("torchgeo_int/__init__.py",
+                                                                             "experiments/hnn/cost.py")))
             except ValueError as e:
                 raise ValueError(f"--against: {e}") from None
             other = stack.enter_context(trees.Worker(tree, WORKER))
-            ready = other.ask(dict(task=task_name, arms=list(arm_keys), batch=batch_size,
-                                   shooting=dict(shooting or {}), data_seed=data_seed, warmup=warmup))
+            ready = _ask(other, dict(task=task_name, arms=list(arm_keys), batch=batch_size,
+                                     shooting=dict(shooting or {}), data_seed=data_seed, warmup=warmup))
             if "error" in ready:
                 raise ValueError(f"--against: {ready['error']}")
             wrong = [f for f in ready["ready"] if f is None or not Path(f).resolve().is_relative_to(tree.resolve())]
@@ -135,13 +143,13 @@ def measure(task_name: str, arm_keys, *, batch_size: int | None = None, rounds: 
         for r in range(rounds):
             for k in arm_keys:
                 if other is not None and r % 2:     # the other tree first in every other round
-                    theirs[k] += other.ask([k, steps])
+                    theirs[k] += _ask(other, [k, steps])
                 t = time.perf_counter()
                 for _ in range(steps):
                     run[k]()
                 seconds[k] += time.perf_counter() - t
                 if other is not None and not r % 2:  # (it runs while this process waits for it)
-                    theirs[k] += other.ask([k, steps])
+                    theirs[k] += _ask(other, [k, steps])
     ms = {k: 1e3 * seconds[k] / (rounds * steps) for k in arm_keys}
     ref = arm_keys[0]
     rep = dict(task=task_name, batch=batch, rounds=rounds, steps=steps, shooting=sh, reference=ref,
