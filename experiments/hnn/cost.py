@@ -92,11 +92,11 @@ def measure(task_name: str, arm_keys, *, batch_size: int | None = None, rounds: 
             steps: int = 16, warmup: int = 8, shooting: dict | None = None, data_seed: int = 0,
             against: str | None = None):
     """ms a step of each arm (interleaved rounds, one thread) and its ratio to the first arm's.
-    ``against``: also the same arms as that tree builds them (:func:`experiments.trees.tree`), each round
-    taking each arm's steps here and there in turn; the report's ``against`` holds its ms a
-    step, its ratios to its first arm, and this tree's time over its, arm by arm, with that
-    tree's labels of the arms and the ``shooting`` overrides it does not know (ignored there):
-    a row whose labels differ compares differently built arms, which the markdown says."""
+    ``against``: also the same arms as that tree builds them (:func:`experiments.trees.tree`),
+    each round taking each arm's steps here and there in turn; the report's ``against`` holds
+    its ms a step, its ratios to its first arm, and this tree's time over its, arm by arm, with
+    that tree's labels of the arms and the ``shooting`` overrides it does not know (ignored
+    there): a row whose labels differ compares differently built arms, which the markdown says."""
     if task_name not in CONFIG:
         raise ValueError(f"unknown task {task_name!r}; known: {', '.join(CONFIG)}")
     rounds, steps, warmup = (check_int(rounds, "rounds", 1), check_int(steps, "steps", 1),
