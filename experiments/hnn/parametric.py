@@ -37,7 +37,7 @@ from torch import nn
 
 from torchgeo_int import SeparableHamiltonian
 
-from ..cli import number
+from ..cli import mean_pm_se, number
 from . import data as datasets
 from .run import CONFIG, SHOOTING, TRAINING_FAILURES, _mean_se, study_task
 from .train import arms as make_arms
@@ -292,7 +292,7 @@ def markdown(report) -> str:
             s, cells = t["summary"][k], [k]
             for m in ("energy_mse", "state_mse"):
                 mean, se = s[m]
-                cells.append("—" if mean is None else f"{mean:.3g} ± {se:.2g}")
+                cells.append(mean_pm_se(mean, se))
                 pr = paired_ratio(t["per_seed"][k], base, m) if k != "a" else None
                 cells.append("" if pr is None else
                              f"×{pr[0]:.3g}" + (f" ({pr[1]:.2g}–{pr[2]:.2g})" if m == "energy_mse" else ""))
