@@ -487,6 +487,57 @@ def test_hnn_study_shooting_arms_tiny(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(hnn_train, "rollout_model", real_rollout)
 
 
+def test_hnn_study_invariant_network_tiny(tmp_path, monkeypatch, capsys):
+    """--network invariant: every arm's network on the two-body tasks' |q₁ − q₂| (the HNN of
+    (|q₁ − q₂|, p), V_θ of |q₁ − q₂|, T_θ of p), recorded in the report and its markdown; a task
+    without invariants, an arm whose network takes none, an unknown name, and a --merge or
+    --from-partial across networks are refused before any training."""
+    from experiments.hnn import data as hnn_data
+    from experiments.hnn import run as hnn_run
+    from experiments.hnn import train as hnn_train
+
+    def small(seed=0, **kw):
+        t = hnn_data.twobody_noisy(seed, trajectories=10)
+        t.q_eval, t.p_eval = t.q_eval[:2, :9], t.p_eval[:2, :9]
+        t.q_points, t.p_points = t.q_points[:20], t.p_points[:20]
+        return t
+    monkeypatch.setitem(hnn_data.TASKS, "twobody_noisy", small)
+    monkeypatch.setattr(hnn_train, "EVAL_RTOL", 1e-5)
+    built, real_build = [], hnn_train.build_model
+
+    def spy(arm, task, **k):
+        model = real_build(arm, task, **k)
+        built.append((arm.key, model))
+        return model
+    monkeypatch.setattr(hnn_train, "build_model", spy)
+    args = dict(quick=True, seeds=1, steps=2, batch_size=8, out=tmp_path, progress=False)
+    rep = hnn_run.run("twobody_noisy", arm_keys=["a", "e"], network="invariant", **args)
+    assert rep["network"] == "invariant"
+    models = dict(built)
+    assert models["a"].net.in_dim == 5 and models["e"].potential.net.in_dim == 1
+    assert models["e"].kinetic.net.in_dim == 4
+    assert "|q₁ − q₂|" in (tmp_path / "hnn_twobody_noisy.md").read_text()
+    assert all(math.isfinite(a["per_seed"][0]["energy_mse"]) for a in rep["arms"].values())
+    plain = hnn_run.run("twobody_noisy", arm_keys=["a"], **dict(args, out=tmp_path / "mlp"))
+    assert plain["network"] == "mlp" and built[-1][1].net.in_dim == 8
+    assert "|q₁ − q₂|" not in (tmp_path / "mlp" / "hnn_twobody_noisy.md").read_text()
+    n = len(built)
+    with pytest.raises(ValueError, match="was run with"):
+        hnn_run.run("twobody_noisy", arm_keys=["b1"], merge=True, **args)     # the mlp's, into invariant's
+    with pytest.raises(ValueError, match="task 'spring' has no invariant features"):
+        hnn_run.run("spring", arm_keys=["a"], network="invariant", **args)
+    with pytest.raises(ValueError, match="arm d trains a MLPVectorField"):
+        hnn_run.run("twobody_noisy", arm_keys=["a", "d"], network="invariant", **args)
+    with pytest.raises(ValueError, match="network must be one of"):
+        hnn_run.run("twobody_noisy", arm_keys=["a"], network="cnn", **args)
+    with pytest.raises(ValueError, match="that run used the network 'invariant'"):
+        hnn_run.run("twobody_noisy", from_partial=True, **args)
+    assert len(built) == n                    # refused before any training built its model
+    with pytest.raises(SystemExit):
+        hnn_run.main(["--task", "twobody_noisy", "--network", "cnn"])
+    assert "invalid choice: 'cnn'" in capsys.readouterr().err
+
+
 def test_hnn_truth_floor_is_verlets_error(monkeypatch, capsys):
     """The true H rolled out by Verlet at h = dt: an energy error of second order in h (its
     squared error falls 16x at half the step), printed per task by --floor."""
@@ -536,6 +587,17 @@ def test_hnn_cost_tiny(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         hnn_cost.main(["--task", "spring", "--arms", "b5,e4", "--batch-factor2", "0"])
     assert "batch_factor2 must be an int >= 1" in capsys.readouterr().err
+    # --network invariant: the study's networks of |q₁ − q₂|, its own report; refused where it
+    # does not apply, and with --against (that tree's study has the MLPs only)
+    hnn_cost.main(["--task", "twobody", "--arms", "b5,e", "--batch-size", "4", "--rounds", "1",
+                   "--steps", "1", "--network", "invariant", "--out", str(tmp_path)])
+    assert "network invariant" in capsys.readouterr().out
+    assert json.loads((tmp_path / "hnn_cost_twobody_invariant.json").read_text())["network"] == "invariant"
+    for bad, why in ((["--task", "spring", "--arms", "b5"], "has no invariant features"),
+                     (["--task", "twobody", "--arms", "b5", "--against", "HEAD"], "MLPs")):
+        with pytest.raises(SystemExit):
+            hnn_cost.main(bad + ["--network", "invariant"])
+        assert why in capsys.readouterr().err
 
 
 def test_hnn_cost_against_another_tree(tmp_path, capsys):

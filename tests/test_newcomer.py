@@ -251,3 +251,8 @@ def test_readme_fragments_run_with_their_stated_inputs():
     assert q.shape == (3, 2, 2)
     E = 0.5 * (p * p).sum(-1) - 1 / q.norm(dim=-1)
     assert (E - E[0]).abs().max() < 1e-3
+    # the tour's network of the invariant |q₁ − q₂|: the same H at a translated, rotated state
+    exec(_readme_statement("pair = tgi.nn.SeparableHNN("), scope)
+    pair, qq, pp = scope["pair"].double(), torch.randn(5, 4, dtype=torch.float64), torch.randn(5, 4, dtype=torch.float64)
+    moved = torch.cat([-qq[:, 1:2], qq[:, 0:1], -qq[:, 3:4], qq[:, 2:3]], -1) + 0.5     # a quarter turn, shifted
+    assert torch.allclose(pair.hamiltonian(moved, pp), pair.hamiltonian(qq, pp), rtol=1e-12, atol=1e-12)

@@ -708,3 +708,53 @@ def test_fit_lr_schedule_cosine_and_callable_and_resume(tmp_path):
         fit(model, _noisy_loss, data, steps=1, progress=False, lr_schedule="linear")
     with pytest.raises(ValueError, match="must return a finite number >= 0"):
         fit(model, _noisy_loss, data, steps=1, progress=False, lr_schedule=lambda s, t: -1.0)
+
+
+def _pair_distance(q):
+    return (q[..., :2] - q[..., 2:]).norm(dim=-1, keepdim=True)
+
+
+def test_networks_of_features_build_in_the_invariance_and_take_autograds_forces():
+    """features=φ: the network sees φ(x) only, so an H of the invariant |q₁ − q₂| is the same at
+    translated and rotated states; its forces are autograd's (the closed form is the network's
+    of x, refused with features), equal and opposite on the two bodies, so Verlet keeps the total
+    momentum to rounding; HNN(features=) likewise; a bad feature map or input is refused."""
+    from torchgeo_int.nn.modules import ScalarMLP
+
+    torch.manual_seed(3)
+    sep = SeparableHNN(4, potential_features=_pair_distance, **TINY)
+    hnn = HNN(4, features=lambda x: torch.cat([_pair_distance(x[..., :4]), x[..., 4:]], -1), **TINY)
+    assert sep.potential.net.in_dim == 1 and sep.kinetic.net.in_dim == 4 and hnn.net.in_dim == 5
+    assert not sep.potential.closed_form_grad and not sep.potential.closed_form_hessian
+    assert sep.kinetic.closed_form_grad
+    q, p = torch.randn(7, 4), torch.randn(7, 4)
+    c, s = math.cos(0.7), math.sin(0.7)
+    R = torch.tensor([[c, -s], [s, c]])
+    moved = (q.view(7, 2, 2) @ R.T + torch.tensor([0.3, -1.2])).reshape(7, 4)
+    for model in (sep, hnn):
+        assert torch.allclose(model.hamiltonian(moved, p), model.hamiltonian(q, p), rtol=1e-12, atol=1e-12)
+        qq, pp = q.clone().requires_grad_(), p.clone().requires_grad_()
+        ref = torch.autograd.grad(model.hamiltonian(qq, pp).sum(), (qq, pp))
+        for a, b in zip(model.gradients(q, p), ref):
+            assert torch.allclose(a, b, rtol=1e-13, atol=1e-15)
+        dV = model.gradients(q, p)[0]
+        assert torch.allclose(dV[:, :2], -dV[:, 2:], rtol=1e-12, atol=1e-14)
+    qs, ps = tgi.rollout(sep, q, p, h=0.05, steps=40, method="verlet")
+    total = ps[..., :2] + ps[..., 2:]
+    assert (total - total[0]).abs().max() < 1e-13
+    with pytest.raises(ValueError, match="features"):
+        sep.potential.input_grad(q)
+    with pytest.raises(ValueError, match="features"):
+        sep.potential.input_grad_hessian(q)
+    with pytest.raises(ValueError, match=r"shape \(\.\.\., 4\)"):
+        sep.potential(torch.randn(3, 2))
+    with pytest.raises(ValueError, match=r"keeping the leading dims.*\(1, 4\) it gave \(\)"):
+        ScalarMLP(4, features=lambda x: x.sum())
+    with pytest.raises(TypeError, match="features must be a callable"):
+        ScalarMLP(4, features=3)
+    # float32, as users train: the same network of features, and a loss that backpropagates
+    sep32 = SeparableHNN(4, potential_features=_pair_distance, **TINY).float()
+    q32, p32 = q.float(), p.float()
+    loss = tgi.rollout(sep32, q32, p32, h=0.05, steps=3, method="verlet")[0].square().mean()
+    loss.backward()
+    assert all(torch.isfinite(w.grad).all() for w in sep32.potential.parameters())

@@ -41,13 +41,15 @@ from torchgeo_int.nn.training import make_optimizer
 from .run import CONFIG, SHOOTING, study_task
 from .train import SHOOTING as SHOOTING_DEFAULTS
 from .train import arms as make_arms
-from .train import batch_factor, build_model, loss_and_data, seed_everything, shooting_fit, state_lr
+from .train import NETWORKS, batch_factor, build_model, loss_and_data, seed_everything, shooting_fit, state_lr
 
 
-def stepper(arm, task, *, batch: int | None, lr: float, weight_decay: float, shooting: dict, seed: int = 0):
-    """A function taking one training step of ``arm`` (a fresh seeded model and optimizer)."""
+def stepper(arm, task, *, batch: int | None, lr: float, weight_decay: float, shooting: dict, seed: int = 0,
+            network: str = "mlp"):
+    """A function taking one training step of ``arm`` (a fresh seeded model and optimizer;
+    ``network``: :func:`~experiments.hnn.train.build_model`'s)."""
     seed_everything(seed)
-    model = build_model(arm, task).to(task.q_train.dtype)
+    model = build_model(arm, task, network=network).to(task.q_train.dtype)
     g = torch.Generator().manual_seed(seed)
     if arm.loss == "shooting":
         tf = shooting_fit(arm, model, task, shooting=shooting)
@@ -90,13 +92,14 @@ def _ask(worker, message):
 
 def measure(task_name: str, arm_keys, *, batch_size: int | None = None, rounds: int = 10,
             steps: int = 16, warmup: int = 8, shooting: dict | None = None, data_seed: int = 0,
-            against: str | None = None):
+            against: str | None = None, network: str = "mlp"):
     """ms a step of each arm (interleaved rounds, one thread) and its ratio to the first arm's.
     ``against``: also the same arms as that tree builds them (:func:`experiments.trees.tree`),
     each round taking each arm's steps here and there in turn; the report's ``against`` holds
     its ms a step, its ratios to its first arm, and this tree's time over its, arm by arm, with
     that tree's labels of the arms and the ``shooting`` overrides it does not know (ignored
-    there): a row whose labels differ compares differently built arms, which the markdown says."""
+    there): a row whose labels differ compares differently built arms, which the markdown says.
+    ``network``: every arm's (the study's ``--network``; with ``against``, the MLPs only)."""
     if task_name not in CONFIG:
         raise ValueError(f"unknown task {task_name!r}; known: {', '.join(CONFIG)}")
     rounds, steps, warmup = (check_int(rounds, "rounds", 1), check_int(steps, "steps", 1),
@@ -117,6 +120,10 @@ def measure(task_name: str, arm_keys, *, batch_size: int | None = None, rounds: 
     if unknown:
         raise ValueError(f"unknown arms {unknown}; known: {list(known)}")
     batch = batch_size or mode["batch"]                   # None: full batch, as the study
+    if against is not None and network != "mlp":
+        raise ValueError("--against times the study's MLPs: --network is this tree's only")
+    for k in arm_keys:
+        build_model(known[k], task, network=network)      # an arm or task without it: refused now
     with contextlib.ExitStack() as stack:
         other = label = None
         if against is not None:
@@ -134,7 +141,7 @@ def measure(task_name: str, arm_keys, *, batch_size: int | None = None, rounds: 
             if wrong:
                 raise RuntimeError(f"--against: the worker imported {wrong}, not {tree}'s packages")
         run = {k: stepper(known[k], task, batch=batch, lr=cfg["lr"], weight_decay=cfg["weight_decay"],
-                          shooting=sh) for k in arm_keys}
+                          shooting=sh, network=network) for k in arm_keys}
         for k in arm_keys:
             for _ in range(warmup):
                 run[k]()
@@ -152,7 +159,7 @@ def measure(task_name: str, arm_keys, *, batch_size: int | None = None, rounds: 
                     theirs[k] += _ask(other, [k, steps])
     ms = {k: 1e3 * seconds[k] / (rounds * steps) for k in arm_keys}
     ref = arm_keys[0]
-    rep = dict(task=task_name, batch=batch, rounds=rounds, steps=steps, shooting=sh, reference=ref,
+    rep = dict(task=task_name, batch=batch, rounds=rounds, steps=steps, shooting=sh, reference=ref, network=network,
                arms={k: dict(label=known[k].label, ms_per_step=ms[k], ratio=ms[k] / ms[ref])
                      for k in arm_keys})
     if other is not None:
@@ -167,7 +174,8 @@ def markdown(rep: dict) -> str:
     lines = [f"Training cost per step, {rep['task']} (batch {rep['batch'] or 'full'}; {rep['rounds']} interleaved "
              f"rounds of {rep['steps']} steps an arm, one thread; shooting arms in steady state"
              + (f", each node solved at one visit in {rep['shooting']['solve_every']}" if rep["shooting"]["gauss_newton"]
-                and rep["shooting"]["solve_every"] > 1 else "") + ")", "",
+                and rep["shooting"]["solve_every"] > 1 else "")
+             + (f"; network {rep['network']}" if rep.get("network", "mlp") != "mlp" else "") + ")", "",
              f"| arm | ms a step | against ({rep['reference']}) |", "|---|---|---|"]
     other = rep.get("against")
     if other:
@@ -200,18 +208,21 @@ def main(argv=None):
     ap.add_argument("--against", metavar="REV", help="also time the arms as REV builds them (a git revision "
                     "of this repository, or a directory with a tree's torchgeo_int/ and experiments/), "
                     "in a child process taking turns with this one")
+    ap.add_argument("--network", choices=NETWORKS, default="mlp",
+                    help="every arm's network, as the study's --network (default: the MLPs)")
     ap.add_argument("--out", default="results")
     args = ap.parse_args(argv)
     shooting = {k: v for k, v in dict(solve_every=args.solve_every,
                                       batch_factor2=args.batch_factor2).items() if v is not None}
     try:
         rep = measure(args.task, args.arms.split(","), batch_size=args.batch_size, rounds=args.rounds,
-                      steps=args.steps, shooting=shooting, against=args.against)
+                      steps=args.steps, shooting=shooting, against=args.against, network=args.network)
     except ValueError as e:
         ap.error(str(e))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"hnn_cost_{args.task}" + ("_against" if args.against else "")   # (a plain run's kept)
+    stem = (f"hnn_cost_{args.task}" + ("_against" if args.against else "")   # (a plain run's kept)
+            + ("" if args.network == "mlp" else f"_{args.network}"))
     (out / f"{stem}.json").write_text(json.dumps(rep, indent=1))
     (out / f"{stem}.md").write_text(markdown(rep) + "\n")
     print(markdown(rep))

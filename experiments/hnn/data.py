@@ -145,6 +145,17 @@ def twobody_energy(q, p):
     return 0.5 * (p * p).sum(-1) - 1.0 / r
 
 
+def twobody_distance(q):
+    """|q₁ − q₂|, shape (..., 1): the invariant of translations and rotations of the plane that
+    the two-body potential is a function of (the "invariant" network's V_θ = MLP(|q₁ − q₂|))."""
+    return (q[..., :2] - q[..., 2:]).norm(dim=-1, keepdim=True)
+
+
+def twobody_state_features(x):
+    """(|q₁ − q₂|, p) of x = cat[q, p], shape (..., 5): the "invariant" network's HNN input."""
+    return torch.cat([twobody_distance(x[..., :4]), x[..., 4:]], -1)
+
+
 def _twobody_field(y):
     """y: (..., 8) = (q, p); vectorised over any number of systems."""
     q, p = y[..., :4], y[..., 4:]
@@ -193,5 +204,11 @@ def twobody_noisy(seed: int = 0, trajectories: int = 1000, T: int = 50) -> Task:
     """:func:`twobody` with σ = 0.1 observation noise."""
     return twobody(seed, trajectories, T, noise=0.1)
 
+
+#: ``--network invariant`` (experiments.hnn.run): each task's features, for every arm's network
+#: (HNN: of cat[q, p]; SeparableHNN: of q, for V_θ; T_θ stays an MLP of p).  The tasks of one
+#: degree of freedom have no symmetry to build in.
+INVARIANT_FEATURES = {name: dict(HNN=twobody_state_features, SeparableHNN=twobody_distance)
+                      for name in ("twobody", "twobody_noisy")}
 
 TASKS = {"spring": spring, "pendulum": pendulum, "twobody": twobody, "twobody_noisy": twobody_noisy}

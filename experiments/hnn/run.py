@@ -34,7 +34,7 @@ from torchgeo_int._validate import check_real
 from ..cli import mean_pm_se, number
 from . import data as datasets
 from .train import arms as make_arms
-from .train import evaluate, failed_metrics, train, truth_floor
+from .train import NETWORKS, build_model, evaluate, failed_metrics, train, truth_floor
 
 CONFIG = {
     "spring": dict(lr=1e-3, weight_decay=1e-4, substeps=1,
@@ -133,7 +133,7 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
         progress: bool = True, b_model: str = "auto", node_window: int = 5,
         threads: int | None = 1, merge: bool = False, shooting: dict | None = None,
         from_partial: bool = False, lr_schedule: str | None = "config", data_seed: int = 0,
-        weight_decay: float | None = None) -> dict:
+        weight_decay: float | None = None, network: str = "mlp") -> dict:
     """Train and evaluate the arms (``arm_keys``: a subset) with every seed; write the report.
     ``merge``: keep the other arms of the report already in ``out`` (same task, budget and
     seeds) and replace the ones run now — training is seeded, so an arm rerun is the same model;
@@ -141,7 +141,9 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
     report of the seeds that an interrupted run finished (``<stem>_partial.json``), training
     nothing.  ``lr_schedule``: fit's, for every arm ("config": the task's CONFIG entry);
     ``weight_decay``: the same for Adam's weight decay (None: the task's CONFIG entry).
-    ``data_seed``: the task's draw (trajectories and noise); every training seed shares it."""
+    ``data_seed``: the task's draw (trajectories and noise); every training seed shares it.
+    ``network``: every arm's (train.NETWORKS: "invariant" builds the two-body tasks' networks
+    on |q₁ − q₂|; unknown names and tasks without invariants are refused before training)."""
     if task_name not in CONFIG:
         raise ValueError(f"unknown task {task_name!r}; known: {', '.join(CONFIG)}")
     if threads:
@@ -167,6 +169,8 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
         if unknown:
             raise UsageError(f"unknown arms {sorted(unknown)}; known: {[a.key for a in all_arms]}")
         all_arms = [a for a in all_arms if a.key in arm_keys]
+    for arm in all_arms if network != "mlp" else ():
+        build_model(arm, task, network=network)       # its errors now, not after training
 
     try:
         from tqdm.auto import tqdm
@@ -179,7 +183,7 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
     if merge:      # before training: a report of another budget or data is refused at once
         previous, old_keep = _previous(stem, quick=quick, seeds=n_seeds, steps=n_steps, batch=bs,
                                         lr_schedule=lr_schedule, data_seed=data_seed,
-                                        weight_decay=cfg["weight_decay"])
+                                        weight_decay=cfg["weight_decay"], network=network)
     if from_partial:       # a run stopped early: report the seeds it finished, train nothing
         part = json.loads(stem.with_name(stem.name + "_partial.json").read_text())
         if part.get("data_seed", 0) != data_seed:
@@ -191,6 +195,9 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
         if part.get("weight_decay", cfg["weight_decay"]) != cfg["weight_decay"]:
             raise ValueError(f"--from-partial: that run used weight decay {part['weight_decay']}, "
                              f"this one asks for {cfg['weight_decay']}")
+        if part.get("network", "mlp") != network:
+            raise ValueError(f"--from-partial: that run used the network {part.get('network', 'mlp')!r}, "
+                             f"this one asks for {network!r}")
         t_start -= part.get("wall_seconds", float("nan"))
         all_arms = [a for a in make_arms(task, b_model=b_model, node_window=node_window, shooting=shooting)
                     if a.key in results]
@@ -210,7 +217,7 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
                     got = train(source, task, seed=seed, steps=n_steps, batch_size=bs,
                                 lr=cfg["lr"], weight_decay=cfg["weight_decay"],
                                 substeps=cfg["substeps"], progress=progress, shooting=shooting,
-                                lr_schedule=lr_schedule)
+                                lr_schedule=lr_schedule, network=network)
                 except TRAINING_FAILURES as err:   # a failed seed of this arm, not a failed run
                     got = f"training: {type(err).__name__}: {str(err)[:300]}"
                 trained[source.key] = got
@@ -234,7 +241,7 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
         stem.with_name(stem.name + "_partial.json").write_text(json.dumps(
             {"task": task_name, "quick": quick, "data_seed": data_seed, "seeds_done": seed + 1, "steps": n_steps,
              "batch_size": bs, "shooting": shooting, "lr_schedule": lr_schedule,
-             "weight_decay": cfg["weight_decay"], "per_seed": results,
+             "weight_decay": cfg["weight_decay"], "network": network, "per_seed": results,
              "wall_seconds": time.perf_counter() - t_start}, indent=1, allow_nan=True))
     if outer is not None:
         outer.close()
@@ -257,7 +264,7 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
     report = {
         "task": task_name, "quick": quick, "seeds": n_seeds, "steps": n_steps, "batch_size": bs,
         "lr": cfg["lr"], "weight_decay": cfg["weight_decay"], "substeps": cfg["substeps"],
-        "shooting": shooting, "lr_schedule": lr_schedule,
+        "shooting": shooting, "lr_schedule": lr_schedule, "network": network,
         "data": task.meta | {"dt": task.dt, "train_trajectories": int(task.q_train.shape[0]),
                              "eval_initial_conditions": int(task.q_eval.shape[0])},
         "arms": {a.key: (_earlier_arm(previous, a.key, results, summary) or
@@ -321,7 +328,7 @@ def _previous(stem: Path, **expected):
     rep = json.loads(path.read_text())
     got = dict(quick=rep["quick"], seeds=rep["seeds"], steps=rep["steps"], batch=rep["batch_size"],
                lr_schedule=rep.get("lr_schedule"), data_seed=rep["data"].get("seed", 0),
-               weight_decay=rep.get("weight_decay"))
+               weight_decay=rep.get("weight_decay"), network=rep.get("network", "mlp"))
     if got != expected:
         raise ValueError(f"--merge: {path} was run with {got}, this run is {expected}")
     traj = _trajectories(stem)
@@ -388,11 +395,16 @@ def _ratios(summary, base):
     return out
 
 
+NETWORK_NOTE = {"invariant": "every network of the invariant |q₁ − q₂| (V_θ = MLP(|q₁ − q₂|), "
+                             "T_θ = MLP(p); the HNN's H_θ = MLP(|q₁ − q₂|, p))"}
+
+
 def markdown(rep: dict) -> str:
     lines = [f"# HNN study: {rep['task']}{' (--quick)' if rep['quick'] else ''}", "",
              f"{rep['seeds']} seed(s), {rep['steps']} Adam steps (lr {rep['lr']}"
              f"{', ' + rep['lr_schedule'] + ' decay' if rep.get('lr_schedule') else ''}, weight decay "
-             f"{rep['weight_decay']}), batch {rep['batch_size'] or 'full'}; data dt = "
+             f"{rep['weight_decay']}), batch {rep['batch_size'] or 'full'}"
+             f"{'' if rep.get('network', 'mlp') == 'mlp' else ', ' + NETWORK_NOTE[rep['network']]}; data dt = "
              f"{rep['data']['dt']:.4g}, {rep['data']['train_trajectories']} training trajectories, "
              f"{rep['data']['eval_initial_conditions']} held-out initial conditions rolled out to "
              f"t = {rep['data']['horizon']:.3g}.  Mean ± s.e. over seeds; energy metrics use the true H.",
@@ -522,6 +534,9 @@ def main(argv=None):
                     help="learning-rate schedule of every arm (default: the task's CONFIG)")
     ap.add_argument("--weight-decay", type=number("real", 0.0),
                     help="Adam's weight decay for every arm (default: the task's CONFIG entry)")
+    ap.add_argument("--network", choices=NETWORKS, default="mlp",
+                    help="every arm's network: 'mlp' (the HNN paper's, of the state) or 'invariant' "
+                         "(the same MLPs of the two-body tasks' |q1 - q2|: V_θ, and H_θ of (|q1 - q2|, p))")
     ap.add_argument("--data-seed", type=number("int", 0), default=0,
                     help="the task's draw of trajectories and noise (default 0, the study's)")
     ap.add_argument("--threads", type=number("int", 0), default=1, help="torch intra-op threads (0: torch's default)")
@@ -579,7 +594,7 @@ def main(argv=None):
                   out=args.out, progress=not args.no_progress, b_model=args.b_model,
                   node_window=args.node_window, threads=args.threads, merge=args.merge,
                   shooting=shooting, from_partial=args.from_partial, data_seed=args.data_seed,
-                  weight_decay=args.weight_decay,
+                  weight_decay=args.weight_decay, network=args.network,
                   lr_schedule=None if args.lr_schedule == "constant" else args.lr_schedule)
     except UsageError as err:
         ap.error(str(err))

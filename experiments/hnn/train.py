@@ -59,7 +59,7 @@ from torchgeo_int.nn.modules import HNN, MLPVectorField, SeparableHNN
 from torchgeo_int.nn.shooting import TrajectoryFit
 from torchgeo_int.nn.training import fit, seed_everything
 
-from .data import Task
+from .data import INVARIANT_FEATURES, Task
 
 
 @dataclass(frozen=True)
@@ -146,9 +146,27 @@ def state_lr(sh: dict):
     return None if sh["gauss_newton"] else sh["state_lr"]
 
 
-def build_model(arm: Arm, task: Task, *, width: int = 200, depth: int = 2):
+#: The study's networks: "mlp" (the HNN paper's MLPs of the state) and "invariant" (the same
+#: MLPs of the task's invariants, data.INVARIANT_FEATURES: the two-body tasks' |q₁ − q₂|).
+NETWORKS = ("mlp", "invariant")
+
+
+def build_model(arm: Arm, task: Task, *, width: int = 200, depth: int = 2, network: str = "mlp"):
     cls = {"HNN": HNN, "SeparableHNN": SeparableHNN, "MLPVectorField": MLPVectorField}[arm.model]
-    return cls(task.dim, width=width, depth=depth, activation="tanh")
+    if network not in NETWORKS:
+        raise ValueError(f"network must be one of {NETWORKS}, got {network!r}")
+    opts = {}
+    if network == "invariant":
+        feats = INVARIANT_FEATURES.get(task.name)
+        if feats is None:
+            raise ValueError(f"network 'invariant': task {task.name!r} has no invariant features "
+                             f"(tasks with them: {', '.join(INVARIANT_FEATURES)})")
+        if arm.model not in feats:
+            raise ValueError(f"network 'invariant': arm {arm.key} trains a {arm.model}, which takes "
+                             f"no features (arms of {' and '.join(feats)} do)")
+        opts = ({"features": feats["HNN"]} if arm.model == "HNN"
+                else {"potential_features": feats["SeparableHNN"]})
+    return cls(task.dim, width=width, depth=depth, activation="tanh", **opts)
 
 
 def node_loss(model, q, p, *, dt, substeps=1):
@@ -201,14 +219,16 @@ def shooting_fit(arm: Arm, model, task: Task, *, shooting: dict | None = None) -
 def train(arm: Arm, task: Task, *, seed: int, steps: int, batch_size: int | None, lr: float,
           weight_decay: float, substeps: int = 1, width: int = 200, depth: int = 2,
           progress: bool = True, max_time: float | None = None, dtype=torch.float32,
-          shooting: dict | None = None, lr_schedule=None, model=None):
+          shooting: dict | None = None, lr_schedule=None, model=None, network: str = "mlp"):
     """Seeded model + fit; returns (model, fit history).  ``model``: train this module in place of
     the arm's network (the parametric probe, :mod:`experiments.hnn.parametric`).  The shooting arms fit a
     TrajectoryFit (model + node states, the states with their own lr and no weight decay) on
     batches of ``batch_size × batch_factor`` segments; the model is returned alone.
-    ``lr_schedule``: fit's (None: constant lr; "cosine"), the same for every arm."""
+    ``lr_schedule``: fit's (None: constant lr; "cosine"), the same for every arm; ``network``:
+    :func:`build_model`'s."""
     seed_everything(seed)
-    model = (build_model(arm, task, width=width, depth=depth) if model is None else model).to(dtype)
+    model = (build_model(arm, task, width=width, depth=depth, network=network)
+             if model is None else model).to(dtype)
     desc = f"{task.name}, {arm.label}, seed {seed}"
     if arm.loss == "shooting":
         sh = dict(SHOOTING, **(shooting or {}))

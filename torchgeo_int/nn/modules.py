@@ -1,6 +1,7 @@
 r"""Learned Hamiltonians (and one unstructured baseline) that every integrator accepts.
 
 * :class:`HNN`            H_θ(q, p) = MLP(cat[q, p])                       (Greydanus et al. 2019)
+  (each network optionally of features φ(x) the user gives: invariants of the symmetries)
 * :class:`SeparableHNN`   H_θ(q, p) = T_θ(p) + V_θ(q), ``separable = True``: explicit kick/drift
   methods (Verlet, Yoshida, …) apply                                    (Chen et al. 2020, SRNN)
 * :class:`MechanicalHNN`  H_θ(q, p) = ½ pᵀ M_θ(q)⁻¹ p + V_θ(q),  M_θ(q) = L_θ(q) L_θ(q)ᵀ + εI with
@@ -313,33 +314,69 @@ class ScalarMLP(nn.Module):
     (the T_θ and V_θ of the separable and mechanical HNNs).  ``input_grad(x)`` is ∂f/∂x in
     closed form where ``closed_form_grad`` (:meth:`MLP.input_grad`): the protocol by which
     :class:`~torchgeo_int.SeparableHamiltonian` takes an energy module's gradient without
-    autograd."""
+    autograd.
 
-    def __init__(self, dim: int, **mlp_options):
+    ``features``: f(x) = MLP(φ(x)) for a callable (or module) φ: ``(…, dim) → (…, k)``, e.g. an
+    invariant of a symmetry the energy has (the distance |q₁ − q₂| of a two-body potential is
+    invariant under translations and rotations, so V_θ = MLP(|q₁ − q₂|) has both built in).  φ is
+    called once on zeros of shape ``(1, dim)`` here to read k.  ∂f/∂x is then autograd's
+    (``closed_form_grad`` is False): φ is the user's."""
+
+    def __init__(self, dim: int, *, features: Callable[[Tensor], Tensor] | None = None, **mlp_options):
         super().__init__()
-        self.net = MLP(dim, 1, **mlp_options)
+        check_int(dim, "dim", 1)
+        self.dim = dim
+        self.features = features
+        self.net = MLP(dim if features is None else _feature_width(features, dim), 1, **mlp_options)
 
     def forward(self, x):
+        if self.features is not None:
+            if x.shape[-1:] != (self.dim,):
+                raise ValueError(f"this network takes inputs of shape (..., {self.dim}) (its features' "
+                                 f"argument), got shape {tuple(x.shape)}")
+            x = self.features(x)
         return self.net(x).squeeze(-1)
 
     @property
     def closed_form_grad(self) -> bool:
-        """:attr:`MLP.closed_form_grad` of the network, and no forward hook on this module."""
-        return not _hooked(self) and self.net.closed_form_grad
+        """:attr:`MLP.closed_form_grad` of the network, no forward hook on this module, and no
+        ``features``."""
+        return self.features is None and not _hooked(self) and self.net.closed_form_grad
 
     @property
     def closed_form_hessian(self) -> bool:
-        """:attr:`MLP.closed_form_hessian` of the network, no forward hook on this module, and
-        ``input_grad`` and ``input_grad_hessian`` defined by the same class."""
-        return not _hooked(self) and _own_pair(type(self)) and self.net.closed_form_hessian
+        """:attr:`MLP.closed_form_hessian` of the network, no forward hook on this module, no
+        ``features``, and ``input_grad`` and ``input_grad_hessian`` defined by the same class."""
+        return (self.features is None and not _hooked(self) and _own_pair(type(self))
+                and self.net.closed_form_hessian)
+
+    def _no_features(self, method):
+        if self.features is not None:
+            raise ValueError(f"{method} is the closed form of a network of x; this one is a network of "
+                             "features(x): take its gradient with torch.autograd.grad")
 
     def input_grad(self, x):
         """∂f/∂x, shape ``x.shape`` (closed form; see :meth:`MLP.input_grad`)."""
+        self._no_features("input_grad")
         return self.net.input_grad(x)
 
     def input_grad_hessian(self, x):
         """(∂f/∂x, ∂²f/∂x²) in closed form (see :meth:`MLP.input_grad_hessian`)."""
+        self._no_features("input_grad_hessian")
         return self.net.input_grad_hessian(x)
+
+
+def _feature_width(features, dim: int) -> int:
+    """k of a feature map φ: (…, dim) → (…, k), read from φ on zeros (1, dim)."""
+    if not callable(features):
+        raise TypeError(f"features must be a callable (..., {dim}) -> (..., k), got {features!r}")
+    with torch.no_grad():
+        z = features(torch.zeros(1, dim))
+    if not isinstance(z, Tensor) or z.dim() != 2 or z.shape[0] != 1 or z.shape[1] < 1:
+        got = tuple(z.shape) if isinstance(z, Tensor) else type(z).__name__
+        raise ValueError(f"features must map (..., {dim}) to (..., k), keeping the leading dims: "
+                         f"on zeros of shape (1, {dim}) it gave {got}")
+    return int(z.shape[1])
 
 
 def _check_state(q: Tensor, p: Tensor, dim: int) -> None:
@@ -357,21 +394,28 @@ class HNN(Hamiltonian):
     Not separable: explicit kick/drift methods fall back to their implicit form (a composition of
     symplectic Euler steps solved by fixed point); ``implicit_midpoint`` is the natural method.
     ∇H is the network's closed-form input gradient (:meth:`MLP.input_grad`) where its
-    activation has one (all of ``ACTIVATIONS``), else autograd's."""
+    activation has one (all of ``ACTIVATIONS``), else autograd's.
+
+    ``features``: H_θ = MLP(φ(cat[q, p])) for a callable φ: ``(…, 2·dim) → (…, k)`` (an invariant
+    of the system's symmetries, as :class:`ScalarMLP`'s); ∇H is then autograd's."""
 
     def __init__(self, dim: int, *, width: int = 200, depth: int = 2, activation="tanh",
-                 init: str = "orthogonal"):
+                 init: str = "orthogonal", features: Callable[[Tensor], Tensor] | None = None):
         super().__init__(None, time_dependent=False)
         check_int(dim, "dim", 1)
         self.dim = dim
-        self.net = MLP(2 * dim, 1, width=width, depth=depth, activation=activation, init=init)
+        self.features = features
+        k = 2 * dim if features is None else _feature_width(features, 2 * dim)
+        self.net = MLP(k, 1, width=width, depth=depth, activation=activation, init=init)
 
     def hamiltonian(self, q, p, t=0.0):
         _check_state(q, p, self.dim)
-        return self.net(torch.cat([q, p], -1)).squeeze(-1)
+        x = torch.cat([q, p], -1)
+        return self.net(x if self.features is None else self.features(x)).squeeze(-1)
 
     def gradients(self, q, p, t=0.0):
-        if not self.net.closed_form_grad or q.is_complex() or p.is_complex():
+        if (self.features is not None or not self.net.closed_form_grad
+                or q.is_complex() or p.is_complex()):
             return super().gradients(q, p, t)       # autograd's (and its errors)
         _check_state(q, p, self.dim)
         g = self.net.input_grad(torch.cat([q, p], -1))
@@ -384,13 +428,20 @@ class SeparableHNN(SeparableHamiltonian):
     ``separable = True``: the explicit methods (``verlet``, ``yoshida4``, …) evaluate ∂T_θ/∂p and
     ∂V_θ/∂q only, one network each, with FSAL reuse of the last force; both in closed form
     (:meth:`MLP.input_grad`, through :class:`~torchgeo_int.SeparableHamiltonian`'s
-    ``input_grad`` protocol) where the network has one, else by autograd."""
+    ``input_grad`` protocol) where the network has one, else by autograd.
+
+    ``kinetic_features``, ``potential_features``: T_θ = MLP(φ_T(p)), V_θ = MLP(φ_V(q))
+    (:class:`ScalarMLP`'s ``features``), e.g. ``potential_features=lambda q: (q[..., :2] -
+    q[..., 2:]).norm(dim=-1, keepdim=True)`` for a potential of two bodies in the plane that is
+    invariant under translations and rotations; that energy's forces are then autograd's."""
 
     def __init__(self, dim: int, *, width: int = 200, depth: int = 2, activation="tanh",
-                 init: str = "orthogonal"):
+                 init: str = "orthogonal", kinetic_features: Callable[[Tensor], Tensor] | None = None,
+                 potential_features: Callable[[Tensor], Tensor] | None = None):
         check_int(dim, "dim", 1)
         opts = dict(width=width, depth=depth, activation=activation, init=init)
-        super().__init__(ScalarMLP(dim, **opts), ScalarMLP(dim, **opts), time_dependent=False)
+        super().__init__(ScalarMLP(dim, features=kinetic_features, **opts),
+                         ScalarMLP(dim, features=potential_features, **opts), time_dependent=False)
         self.dim = dim
 
     def hamiltonian(self, q, p, t=0.0):
