@@ -516,23 +516,52 @@ def test_hnn_study_invariant_network_tiny(tmp_path, monkeypatch, capsys):
     models = dict(built)
     assert models["a"].net.in_dim == 5 and models["e"].potential.net.in_dim == 1
     assert models["e"].kinetic.net.in_dim == 4
-    assert "|q₁ − q₂|" in (tmp_path / "hnn_twobody_noisy.md").read_text()
+    assert "|q₁ − q₂|" in (tmp_path / "hnn_twobody_noisy_invariant.md").read_text()
     assert all(math.isfinite(a["per_seed"][0]["energy_mse"]) for a in rep["arms"].values())
-    plain = hnn_run.run("twobody_noisy", arm_keys=["a"], **dict(args, out=tmp_path / "mlp"))
+    # the MLPs' study in the same dir: its own files beside the invariant one's
+    plain = hnn_run.run("twobody_noisy", arm_keys=["a"], **args)
     assert plain["network"] == "mlp" and built[-1][1].net.in_dim == 8
-    assert "|q₁ − q₂|" not in (tmp_path / "mlp" / "hnn_twobody_noisy.md").read_text()
+    assert "|q₁ − q₂|" not in (tmp_path / "hnn_twobody_noisy.md").read_text()
+    assert json.loads((tmp_path / "hnn_twobody_noisy_invariant.json").read_text())["network"] == "invariant"
+    hnn_run.main(["--table", str(tmp_path)])
+    assert "| twobody_noisy | twobody_noisy (invariant network) |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):        # --compare across networks: different models
+        hnn_run.main(["--compare", str(tmp_path / "hnn_twobody_noisy_invariant.json"),
+                      str(tmp_path / "hnn_twobody_noisy.json")])
+    assert "different networks ('invariant' and 'mlp')" in capsys.readouterr().err
+    # without --arms: every arm whose network takes the features ((d)'s field does not)
+    keys = [a.key for a in hnn_train.arms(hnn_data.TASKS["twobody_noisy"]())]
+    monkeypatch.setattr(hnn_run, "train", lambda *a, **k: "training: skipped")   # the arms, not their training
+    default = hnn_run.run("twobody_noisy", network="invariant", **dict(args, out=tmp_path / "all"))
+    assert "d" in keys and list(default["arms"]) == [k for k in keys if k != "d"]
+    monkeypatch.undo()
+    monkeypatch.setitem(hnn_data.TASKS, "twobody_noisy", small)
+    monkeypatch.setattr(hnn_train, "build_model", spy)
     n = len(built)
+    (tmp_path / "mlp0").mkdir()             # an invariant report under the MLPs' name: refused by its network
+    shutil.copy(tmp_path / "hnn_twobody_noisy_invariant.json", tmp_path / "mlp0" / "hnn_twobody_noisy.json")
     with pytest.raises(ValueError, match="was run with"):
-        hnn_run.run("twobody_noisy", arm_keys=["b1"], merge=True, **args)     # the mlp's, into invariant's
+        hnn_run.run("twobody_noisy", arm_keys=["b1"], merge=True, **dict(args, out=tmp_path / "mlp0"))
     with pytest.raises(ValueError, match="task 'spring' has no invariant features"):
         hnn_run.run("spring", arm_keys=["a"], network="invariant", **args)
     with pytest.raises(ValueError, match="arm d trains a MLPVectorField"):
         hnn_run.run("twobody_noisy", arm_keys=["a", "d"], network="invariant", **args)
     with pytest.raises(ValueError, match="network must be one of"):
         hnn_run.run("twobody_noisy", arm_keys=["a"], network="cnn", **args)
+    # a partial of the invariant study: reported by its network, refused by the MLPs'
+    stem = tmp_path / "hnn_twobody_noisy"
+    stem.with_name(stem.name + "_invariant_partial.json").rename(stem.with_name(stem.name + "_partial.json"))
     with pytest.raises(ValueError, match="that run used the network 'invariant'"):
         hnn_run.run("twobody_noisy", from_partial=True, **args)
+    stem.with_name(stem.name + "_partial.json").rename(stem.with_name(stem.name + "_invariant_partial.json"))
+    again = hnn_run.run("twobody_noisy", from_partial=True, network="invariant", **args)
+    assert list(again["arms"]) == ["a", "e"] and again["network"] == "invariant"
     assert len(built) == n                    # refused before any training built its model
+    for bad, why in ((["--task", "spring"], "task 'spring' has no invariant features"),
+                     (["--task", "twobody_noisy", "--arms", "a,d"], "arm d trains a MLPVectorField")):
+        with pytest.raises(SystemExit):       # usage errors, not tracebacks
+            hnn_run.main(bad + ["--network", "invariant", "--quick", "--out", str(tmp_path / "x")])
+        assert why in capsys.readouterr().err
     with pytest.raises(SystemExit):
         hnn_run.main(["--task", "twobody_noisy", "--network", "cnn"])
     assert "invalid choice: 'cnn'" in capsys.readouterr().err
@@ -589,8 +618,11 @@ def test_hnn_cost_tiny(tmp_path, monkeypatch, capsys):
     assert "batch_factor2 must be an int >= 1" in capsys.readouterr().err
     # --network invariant: the study's networks of |q₁ − q₂|, its own report; refused where it
     # does not apply, and with --against (that tree's study has the MLPs only)
+    timed, real_build = [], hnn_cost.build_model
+    monkeypatch.setattr(hnn_cost, "build_model", lambda *a, **k: timed.append(real_build(*a, **k)) or timed[-1])
     hnn_cost.main(["--task", "twobody", "--arms", "b5,e", "--batch-size", "4", "--rounds", "1",
                    "--steps", "1", "--network", "invariant", "--out", str(tmp_path)])
+    assert len(timed) >= 2 and all(m.potential.net.in_dim == 1 for m in timed)
     assert "network invariant" in capsys.readouterr().out
     assert json.loads((tmp_path / "hnn_cost_twobody_invariant.json").read_text())["network"] == "invariant"
     for bad, why in ((["--task", "spring", "--arms", "b5"], "has no invariant features"),

@@ -758,3 +758,32 @@ def test_networks_of_features_build_in_the_invariance_and_take_autograds_forces(
     loss = tgi.rollout(sep32, q32, p32, h=0.05, steps=3, method="verlet")[0].square().mean()
     loss.backward()
     assert all(torch.isfinite(w.grad).all() for w in sep32.potential.parameters())
+
+
+def test_feature_maps_with_parameters_are_the_models_and_are_probed_in_their_own_dtype():
+    """A module φ is probed in its own dtype and in eval mode (a float32 layer under a float64
+    default; a BatchNorm's running statistics untouched); a module's bound method registers its
+    module, so φ's parameters are trained, saved and converted with the model; a φ that does
+    not fit dim is refused naming the shapes."""
+    import copy
+
+    from torchgeo_int.nn.modules import ScalarMLP
+
+    torch.manual_seed(4)
+    lin = nn.Linear(4, 2).float()
+    f32 = ScalarMLP(4, features=lin, **TINY)
+    assert f32.net.in_dim == 2 and any(w is lin.weight for w in f32.parameters())
+    assert f32.float()(torch.randn(3, 4, dtype=torch.float32)).shape == (3,)
+    bn = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
+    before = bn[1].running_mean.clone()
+    ScalarMLP(4, features=bn, **TINY)
+    assert bn.training and torch.equal(bn[1].running_mean, before)
+    enc = nn.Linear(4, 3)
+    model = ScalarMLP(4, features=enc.forward, **TINY)
+    assert any(w is enc.weight for w in model.parameters()) and "features_owner.weight" in model.state_dict()
+    copied = copy.deepcopy(model).float()
+    assert copied.features_owner.weight.dtype == torch.float32 and copied.features.__self__ is copied.features_owner
+    x = torch.randn(5, 4, dtype=torch.float32)
+    assert torch.allclose(copied(x), model.float()(x))
+    with pytest.raises(ValueError, match=r"features must map \(\.\.\., 2\) to \(\.\.\., k\): on zeros of shape \(1, 2\) it raised"):
+        SeparableHNN(2, potential_features=_pair_distance, **TINY)

@@ -99,7 +99,7 @@ def measure(task_name: str, arm_keys, *, batch_size: int | None = None, rounds: 
     its ms a step, its ratios to its first arm, and this tree's time over its, arm by arm, with
     that tree's labels of the arms and the ``shooting`` overrides it does not know (ignored
     there): a row whose labels differ compares differently built arms, which the markdown says.
-    ``network``: every arm's (the study's ``--network``; with ``against``, the MLPs only)."""
+    ``network``: every arm's (the study's ``--network``); refused with ``against`` (the MLPs only)."""
     if task_name not in CONFIG:
         raise ValueError(f"unknown task {task_name!r}; known: {', '.join(CONFIG)}")
     rounds, steps, warmup = (check_int(rounds, "rounds", 1), check_int(steps, "steps", 1),

@@ -163,14 +163,21 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
     shooting = dict(SHOOTING[task_name], **(shooting or {}))
     all_arms = every_arm = make_arms(task, b_model=b_model, node_window=node_window, shooting=shooting)
     out = Path(out)
-    stem = out / f"hnn_{task_name}"
+    stem = report_stem(out, task_name, network)
+    if network != "mlp" and not from_partial:     # (a partial's network is checked below)
+        if not arm_keys:   # by default the arms whose network takes the features: not (d)'s field
+            takes = datasets.INVARIANT_FEATURES.get(task_name)
+            all_arms = [a for a in all_arms if takes is None or a.model in takes]
+        try:               # a task or arm without features: refused now, not after training
+            for arm in all_arms if not arm_keys else [a for a in all_arms if a.key in arm_keys]:
+                build_model(arm, task, network=network)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
     if arm_keys:
         unknown = set(arm_keys) - {a.key for a in all_arms}
         if unknown:
             raise UsageError(f"unknown arms {sorted(unknown)}; known: {[a.key for a in all_arms]}")
         all_arms = [a for a in all_arms if a.key in arm_keys]
-    for arm in all_arms if network != "mlp" else ():
-        build_model(arm, task, network=network)       # its errors now, not after training
 
     try:
         from tqdm.auto import tqdm
@@ -315,6 +322,12 @@ def _earlier_arm(previous, key, results, summary):
     return entry | {"summary": summary[key]}
 
 
+def report_stem(out: Path, task_name: str, network: str = "mlp") -> Path:
+    """``out/hnn_<task>``, and ``hnn_<task>_<network>`` for another network than the MLPs (the
+    reports, figures, rollouts and partial results of the two studies side by side in one dir)."""
+    return Path(out) / (f"hnn_{task_name}" + ("" if network == "mlp" else f"_{network}"))
+
+
 def _trajectories(stem: Path) -> Path:
     return stem.with_name(stem.name + "_trajectories.pt")
 
@@ -349,7 +362,11 @@ def ranking(rep: dict, metric: str = "energy_mse", keys=RANKED) -> list[str]:
 
 
 def compare_rankings(quick: dict, full: dict, metric: str = "energy_mse", keys=RANKED) -> dict:
-    """Whether a --quick report orders the arms both reports share as the full one does."""
+    """Whether a --quick report orders the arms both reports share as the full one does (two
+    reports of different networks are refused: their arms are different models)."""
+    nets = [rep.get("network", "mlp") for rep in (quick, full)]
+    if nets[0] != nets[1]:
+        raise ValueError(f"the reports are of different networks ({nets[0]!r} and {nets[1]!r})")
     shared = set(quick["arms"]) & set(full["arms"]) & set(keys)
     rq, rf = ranking(quick, metric, shared), ranking(full, metric, shared)
     return {"metric": metric, "quick": rq, "full": rf, "same": rq == rf}
@@ -359,7 +376,9 @@ def cross_task_table(reports: list[dict], metric: str, keys=None) -> str:
     """A markdown table of one metric (mean ± s.e.), arms as rows and tasks as columns, with
     each arm's ratio to (a) in the same run."""
     keys = keys or [k for k in reports[0]["arms"]]
-    head = "| " + metric.replace("_", " ") + " | " + " | ".join(r["task"] for r in reports) + " |"
+    head = ("| " + metric.replace("_", " ") + " | "
+            + " | ".join(r["task"] + ("" if r.get("network", "mlp") == "mlp" else f" ({r['network']} network)")
+                         for r in reports) + " |")
     lines = [head, "|---" * (len(reports) + 1) + "|"]
     for k in keys:
         cells = []
@@ -536,7 +555,8 @@ def main(argv=None):
                     help="Adam's weight decay for every arm (default: the task's CONFIG entry)")
     ap.add_argument("--network", choices=NETWORKS, default="mlp",
                     help="every arm's network: 'mlp' (the HNN paper's, of the state) or 'invariant' "
-                         "(the same MLPs of the two-body tasks' |q1 - q2|: V_θ, and H_θ of (|q1 - q2|, p))")
+                         "(the same MLPs of the two-body tasks' |q1 - q2|: V_θ, and H_θ of (|q1 - q2|, p); "
+                         "every arm but (d), whose field takes no features; reports hnn_<task>_invariant.*)")
     ap.add_argument("--data-seed", type=number("int", 0), default=0,
                     help="the task's draw of trajectories and noise (default 0, the study's)")
     ap.add_argument("--threads", type=number("int", 0), default=1, help="torch intra-op threads (0: torch's default)")
@@ -554,8 +574,8 @@ def main(argv=None):
                     help="only compare the arm rankings of a --quick and a full report")
     args = ap.parse_args(argv)
     if args.table:
-        reports = [json.loads((Path(args.table) / f"hnn_{t}.json").read_text()) for t in CONFIG
-                   if (Path(args.table) / f"hnn_{t}.json").exists()]
+        reports = [json.loads(path.read_text()) for t in CONFIG for n in NETWORKS
+                   if (path := report_stem(args.table, t, n).with_suffix(".json")).exists()]
         if not reports:
             raise SystemExit(f"no hnn_<task>.json reports in {args.table}")
         for metric in ("energy_mse", "state_mse", "eps_H", "train_seconds"):
@@ -573,8 +593,11 @@ def main(argv=None):
         if missing:
             ap.error(f"--compare: no such report {', '.join(missing)}")
         quick, full = (json.loads(Path(p).read_text()) for p in args.compare)
-        for metric in ("energy_mse", "state_mse"):
-            print(json.dumps(compare_rankings(quick, full, metric)))
+        try:
+            for metric in ("energy_mse", "state_mse"):
+                print(json.dumps(compare_rankings(quick, full, metric)))
+        except ValueError as err:
+            ap.error(f"--compare: {err}")
         return
     if not args.task:
         ap.error("--task is required (or --table DIR, or --compare QUICK_JSON FULL_JSON)")

@@ -319,14 +319,17 @@ class ScalarMLP(nn.Module):
     ``features``: f(x) = MLP(φ(x)) for a callable (or module) φ: ``(…, dim) → (…, k)``, e.g. an
     invariant of a symmetry the energy has (the distance |q₁ − q₂| of a two-body potential is
     invariant under translations and rotations, so V_θ = MLP(|q₁ − q₂|) has both built in).  φ is
-    called once on zeros of shape ``(1, dim)`` here to read k.  ∂f/∂x is then autograd's
-    (``closed_form_grad`` is False): φ is the user's."""
+    called once on zeros of shape ``(1, dim)`` here to read k (in its own dtype and device where it
+    is a module, in eval mode).  ∂f/∂x is then autograd's (``closed_form_grad`` is False): φ is
+    the user's.  A φ with parameters is a module, or a module's bound method (its module is then
+    registered here too); a function that closes over a module hides its parameters from the
+    model (they are not trained, saved or converted)."""
 
     def __init__(self, dim: int, *, features: Callable[[Tensor], Tensor] | None = None, **mlp_options):
         super().__init__()
         check_int(dim, "dim", 1)
         self.dim = dim
-        self.features = features
+        _set_features(self, features)
         self.net = MLP(dim if features is None else _feature_width(features, dim), 1, **mlp_options)
 
     def forward(self, x):
@@ -353,7 +356,8 @@ class ScalarMLP(nn.Module):
     def _no_features(self, method):
         if self.features is not None:
             raise ValueError(f"{method} is the closed form of a network of x; this one is a network of "
-                             "features(x): take its gradient with torch.autograd.grad")
+                             "features(x): take its derivatives with torch.autograd (torch.func.hessian "
+                             "for the Hessian)")
 
     def input_grad(self, x):
         """∂f/∂x, shape ``x.shape`` (closed form; see :meth:`MLP.input_grad`)."""
@@ -366,12 +370,37 @@ class ScalarMLP(nn.Module):
         return self.net.input_grad_hessian(x)
 
 
+def _set_features(module: nn.Module, features) -> None:
+    """``module.features = features``; a bound method of a module registers that module too
+    (``features_owner``), so its parameters are the model's (trained, saved, converted)."""
+    module.features = features
+    owner = getattr(features, "__self__", None)
+    if isinstance(owner, nn.Module) and not isinstance(features, nn.Module):
+        module.features_owner = owner
+
+
 def _feature_width(features, dim: int) -> int:
-    """k of a feature map φ: (…, dim) → (…, k), read from φ on zeros (1, dim)."""
+    """k of a feature map φ: (…, dim) → (…, k), read from φ on zeros (1, dim) — in the dtype and
+    on the device of φ's module (a module or a module's bound method), in eval mode."""
     if not callable(features):
         raise TypeError(f"features must be a callable (..., {dim}) -> (..., k), got {features!r}")
-    with torch.no_grad():
-        z = features(torch.zeros(1, dim))
+    owner = features if isinstance(features, nn.Module) else getattr(features, "__self__", None)
+    like = None
+    if isinstance(owner, nn.Module):
+        like = next((t for t in (*owner.parameters(), *owner.buffers()) if t.is_floating_point()), None)
+    zeros = torch.zeros(1, dim) if like is None else torch.zeros(1, dim, dtype=like.dtype, device=like.device)
+    training = isinstance(owner, nn.Module) and owner.training
+    try:
+        if training:
+            owner.eval()               # no batch statistics, no running averages moved by the probe
+        with torch.no_grad():
+            z = features(zeros)
+    except Exception as err:
+        raise ValueError(f"features must map (..., {dim}) to (..., k): on zeros of shape (1, {dim}) it "
+                         f"raised {type(err).__name__}: {err}") from err
+    finally:
+        if training:
+            owner.train()
     if not isinstance(z, Tensor) or z.dim() != 2 or z.shape[0] != 1 or z.shape[1] < 1:
         got = tuple(z.shape) if isinstance(z, Tensor) else type(z).__name__
         raise ValueError(f"features must map (..., {dim}) to (..., k), keeping the leading dims: "
@@ -404,7 +433,7 @@ class HNN(Hamiltonian):
         super().__init__(None, time_dependent=False)
         check_int(dim, "dim", 1)
         self.dim = dim
-        self.features = features
+        _set_features(self, features)
         k = 2 * dim if features is None else _feature_width(features, 2 * dim)
         self.net = MLP(k, 1, width=width, depth=depth, activation=activation, init=init)
 
