@@ -750,6 +750,8 @@ def test_networks_of_features_build_in_the_invariance_and_take_autograds_forces(
         sep.potential(torch.randn(3, 2))
     with pytest.raises(ValueError, match=r"keeping the leading dims.*\(1, 4\) it gave \(\)"):
         ScalarMLP(4, features=lambda x: x.sum())
+    with pytest.raises(ValueError, match=r"it gave \(1,\) \(a reduction over the last dim.*keepdim=True"):
+        SeparableHNN(4, potential_features=lambda q: (q[..., :2] - q[..., 2:]).norm(dim=-1), **TINY)
     with pytest.raises(TypeError, match="features must be a callable"):
         ScalarMLP(4, features=3)
     # float32, as users train: the same network of features, and a loss that backpropagates

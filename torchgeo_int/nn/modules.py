@@ -403,8 +403,10 @@ def _feature_width(features, dim: int) -> int:
             owner.train()
     if not isinstance(z, Tensor) or z.dim() != 2 or z.shape[0] != 1 or z.shape[1] < 1:
         got = tuple(z.shape) if isinstance(z, Tensor) else type(z).__name__
+        hint = (" (a reduction over the last dim, as .norm(dim=-1), needs keepdim=True)"
+                if isinstance(z, Tensor) and z.shape == (1,) else "")
         raise ValueError(f"features must map (..., {dim}) to (..., k), keeping the leading dims: "
-                         f"on zeros of shape (1, {dim}) it gave {got}")
+                         f"on zeros of shape (1, {dim}) it gave {got}{hint}")
     return int(z.shape[1])
 
 
