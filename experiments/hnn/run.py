@@ -15,6 +15,8 @@ two-body with 200 trajectories.  Full: 5 seeds, the HNN paper's budgets (spring 
 2000 full-batch steps, two-body 10000 steps on batches of 200, 1000 trajectories).
 Wall-clock numbers depend on the machine's load.  ``--arms a_fd,c --merge`` reruns some arms
 into the report already in ``--out`` (training is seeded, so the other arms need no rerun).
+``--network invariant`` (two-body tasks): every arm's network of |q₁ − q₂| (V_θ, and the HNN's
+H_θ of (|q₁ − q₂|, p)) instead of the state; reports ``hnn_<task>_invariant.*``.
 """
 from __future__ import annotations
 
