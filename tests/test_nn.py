@@ -789,3 +789,41 @@ def test_feature_maps_with_parameters_are_the_models_and_are_probed_in_their_own
     assert torch.allclose(copied(x), model.float()(x))
     with pytest.raises(ValueError, match=r"features must map \(\.\.\., 2\) to \(\.\.\., k\): on zeros of shape \(1, 2\) it raised"):
         SeparableHNN(2, potential_features=_pair_distance, **TINY)
+
+
+def test_pair_distances_are_the_invariants_of_euclidean_motions():
+    """PairDistances(n, d): the n(n−1)/2 distances in the order of triu_indices, equal to the
+    hand-written ones; unchanged by a rotation, reflection and translation of all the points; a
+    potential of them keeps the total momentum and, with T = ½|p|², the angular momentum under
+    Verlet (to rounding); a SeparableHNN holding it pickles whole; wrong shapes and arguments
+    refused."""
+    import io
+
+    torch.manual_seed(5)
+    pd = tgi.nn.PairDistances(3, 3)
+    q = torch.randn(6, 9)
+    x = q.view(6, 3, 3)
+    hand = torch.stack([(x[:, 0] - x[:, 1]).norm(dim=-1), (x[:, 0] - x[:, 2]).norm(dim=-1),
+                        (x[:, 1] - x[:, 2]).norm(dim=-1)], -1)
+    assert torch.allclose(pd(q), hand, rtol=1e-15, atol=0)
+    Q, _ = torch.linalg.qr(torch.randn(3, 3))                 # a rotation or a reflection
+    moved = (x @ Q.T + torch.tensor([1.0, -2.0, 0.5])).reshape(6, 9)
+    assert torch.allclose(pd(moved), pd(q), rtol=1e-12, atol=1e-12)
+    V = tgi.nn.ScalarMLP(6, features=tgi.nn.PairDistances(3, 2), **TINY)     # three bodies in the plane
+    model = tgi.SeparableHamiltonian(None, V, mass=1.0)                          # T = ½|p|²
+    q0, p0 = torch.randn(4, 6), torch.randn(4, 6)
+    qs, ps = tgi.rollout(model, q0, p0, h=0.02, steps=50, method="verlet")
+    P = ps.view(51, 4, 3, 2).sum(2)
+    L = (qs.view(51, 4, 3, 2)[..., 0] * ps.view(51, 4, 3, 2)[..., 1]
+         - qs.view(51, 4, 3, 2)[..., 1] * ps.view(51, 4, 3, 2)[..., 0]).sum(-1)
+    assert (P - P[0]).abs().max() < 1e-13 and (L - L[0]).abs().max() < 1e-12
+    net = SeparableHNN(6, potential_features=tgi.nn.PairDistances(3, 2), **TINY)
+    buf = io.BytesIO()
+    torch.save(net, buf)
+    buf.seek(0)
+    again = torch.load(buf, weights_only=False)
+    assert torch.equal(again.hamiltonian(q0, p0), net.hamiltonian(q0, p0))
+    with pytest.raises(ValueError, match=r"PairDistances\(3, 2\) takes q of shape \(\.\.\., 6\)"):
+        tgi.nn.PairDistances(3, 2)(torch.randn(2, 4))
+    with pytest.raises(ValueError, match="bodies"):
+        tgi.nn.PairDistances(1, 2)

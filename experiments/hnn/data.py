@@ -34,6 +34,8 @@ import numpy as np
 import torch
 from scipy.integrate import solve_ivp
 
+from torchgeo_int.nn import PairDistances
+
 HORIZON = 20.0
 #: Energy MSE of the derivative-matching HNN in Greydanus et al. 2019, Table 1 (mean over their
 #: test rollouts); we report our own ratios measured in the same run, not these.
@@ -145,10 +147,14 @@ def twobody_energy(q, p):
     return 0.5 * (p * p).sum(-1) - 1.0 / r
 
 
+_PAIR = PairDistances(2, 2)
+
+
 def twobody_distance(q):
-    """|q₁ − q₂|, shape (..., 1): the invariant of translations and rotations of the plane that
-    the two-body potential is a function of (the "invariant" network's V_θ = MLP(|q₁ − q₂|))."""
-    return (q[..., :2] - q[..., 2:]).norm(dim=-1, keepdim=True)
+    """|q₁ − q₂|, shape (..., 1) (``tgi.nn.PairDistances(2, 2)``): the invariant of translations
+    and rotations of the plane that the two-body potential is a function of (the "invariant"
+    network's V_θ = MLP(|q₁ − q₂|))."""
+    return _PAIR(q)
 
 
 def twobody_state_features(x):

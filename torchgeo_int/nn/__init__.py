@@ -13,7 +13,7 @@ from .losses import (derivative_loss, finite_differences, make_windows, residual
                      rollout_loss)
 from .metrics import (energy_drift, energy_mse, hamiltonian_error, predict, rollout_mse,
                       state_mse)
-from .modules import HNN, MLP, MLPVectorField, MechanicalHNN, ScalarMLP, SeparableHNN
+from .modules import HNN, MLP, MLPVectorField, MechanicalHNN, PairDistances, ScalarMLP, SeparableHNN
 from .correction import (CorrectedHamiltonian, InverseModifiedHamiltonian, ModifiedHamiltonian,
                          correct_hamiltonian, modified_hamiltonian)
 from .optim import LazyAdam
@@ -22,7 +22,7 @@ from .training import (TensorBatches, fit, load_checkpoint, make_optimizer, save
                        seed_everything)
 
 __all__ = [
-    "HNN", "SeparableHNN", "MechanicalHNN", "MLPVectorField", "MLP", "ScalarMLP",
+    "HNN", "SeparableHNN", "MechanicalHNN", "MLPVectorField", "MLP", "ScalarMLP", "PairDistances",
     "SymplecticStep", "SymplecticRollout",
     "rollout_loss", "residual_loss", "derivative_loss", "finite_differences", "make_windows",
     "fit", "seed_everything", "make_optimizer", "TensorBatches", "save_checkpoint",

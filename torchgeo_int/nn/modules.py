@@ -370,6 +370,36 @@ class ScalarMLP(nn.Module):
         return self.net.input_grad_hessian(x)
 
 
+class PairDistances(nn.Module):
+    r"""The distances |q_i − q_j|, i < j, of ``bodies`` points in ``space_dim`` dimensions:
+    ``q (…, bodies · space_dim) → (…, bodies (bodies − 1) / 2)``, the points' coordinates one
+    after the other (q = (x₁, y₁, x₂, y₂, …)).  Invariant under translations, rotations and
+    reflections of space; a potential of them (``SeparableHNN(potential_features=
+    PairDistances(n, d))``) has those symmetries built in, so its forces conserve the total
+    momentum and, with a kinetic energy that is rotation-invariant, the angular momentum.  A
+    module without parameters: a model holding it can be pickled whole (a lambda cannot)."""
+
+    def __init__(self, bodies: int, space_dim: int = 3):
+        super().__init__()
+        check_int(bodies, "bodies", 2)
+        check_int(space_dim, "space_dim", 1)
+        self.bodies, self.space_dim = bodies, space_dim
+        i, j = torch.triu_indices(bodies, bodies, 1)
+        self.register_buffer("i", i, persistent=False)
+        self.register_buffer("j", j, persistent=False)
+
+    def forward(self, q: Tensor) -> Tensor:
+        n = self.bodies * self.space_dim
+        if q.shape[-1:] != (n,):
+            raise ValueError(f"PairDistances({self.bodies}, {self.space_dim}) takes q of shape (..., {n}) "
+                             f"({self.bodies} points of {self.space_dim} coordinates), got {tuple(q.shape)}")
+        x = q.unflatten(-1, (self.bodies, self.space_dim))
+        return (x[..., self.i, :] - x[..., self.j, :]).norm(dim=-1)
+
+    def extra_repr(self) -> str:
+        return f"bodies={self.bodies}, space_dim={self.space_dim}"
+
+
 def _set_features(module: nn.Module, features) -> None:
     """``module.features = features``; a bound method of a module registers that module too
     (``features_owner``), so its parameters are the model's (trained, saved, converted)."""
@@ -462,9 +492,9 @@ class SeparableHNN(SeparableHamiltonian):
     ``input_grad`` protocol) where the network has one, else by autograd.
 
     ``kinetic_features``, ``potential_features``: T_θ = MLP(φ_T(p)), V_θ = MLP(φ_V(q))
-    (:class:`ScalarMLP`'s ``features``), e.g. ``potential_features=lambda q: (q[..., :2] -
-    q[..., 2:]).norm(dim=-1, keepdim=True)`` for a potential of two bodies in the plane that is
-    invariant under translations and rotations; that energy's forces are then autograd's."""
+    (:class:`ScalarMLP`'s ``features``), e.g. ``potential_features=PairDistances(2, space_dim=2)``
+    (|q₁ − q₂|) for a potential of two bodies in the plane that is invariant under translations
+    and rotations; that energy's forces are then autograd's."""
 
     def __init__(self, dim: int, *, width: int = 200, depth: int = 2, activation="tanh",
                  init: str = "orthogonal", kinetic_features: Callable[[Tensor], Tensor] | None = None,
