@@ -122,8 +122,6 @@ def measure(task_name: str, arm_keys, *, batch_size: int | None = None, rounds: 
     batch = batch_size or mode["batch"]                   # None: full batch, as the study
     if against is not None and network != "mlp":
         raise ValueError("--against times the study's MLPs: --network is this tree's only")
-    for k in arm_keys:
-        build_model(known[k], task, network=network)      # an arm or task without it: refused now
     with contextlib.ExitStack() as stack:
         other = label = None
         if against is not None:
