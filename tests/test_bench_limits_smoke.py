@@ -67,6 +67,22 @@ def test_limits_quick_without_numba(tmp_path, no_numba):
     assert "compute" not in saved       # the compute section needs the numba loops: skipped
 
 
+def test_limits_training_compiled_section_compiles_both_forces(tmp_path):
+    """--sections training_compiled: the training step eager and compile=True, closed-form and
+    autograd forces; both compiled rows really ran compiled (no eager fallback) and their first
+    loss is eager's (float32)."""
+    data = limits.main(["--quick", "--repeats", "1", "--sections", "training_compiled",
+                        "--out", str(tmp_path), "--no-progress", "--threads", "1"])
+    rows = {r["config"]: r for r in data["training_compiled"]["rows"]}
+    assert set(rows) == {f"{f}, {c}" for f in ("closed form", "autograd")
+                         for c in ("eager", "compile=True")}
+    assert rows["closed form, eager"]["ratio"] == 1.0
+    for name, r in rows.items():
+        assert r["ran"] == ("compiled" if "compile" in name else "eagerly")
+        assert r["ms_per_step"] > 0 and r["first_call_s"] > 0 and r["loss_diff"] < 1e-5
+    assert "Training step, eager and compiled" in (tmp_path / "limits.md").read_text()
+
+
 def test_limits_autograd_rows_really_take_autograd():
     """The bench's "autograd forces" model shares the SeparableHNN's networks and parameters
     but not their closed form: its halves are autograd's, the model's are input_grad."""

@@ -949,3 +949,58 @@ def test_a_compiled_lie_rollout_without_a_graph_runs_without_a_failed_block():
         ge, mue = tgi.rollout(s, g0, mu0, h=0.05, steps=256, method="lie_midpoint_cayley")
     torch.testing.assert_close(g, ge, rtol=0, atol=1e-10)
     torch.testing.assert_close(mu, mue, rtol=0, atol=1e-10)
+
+
+def test_training_step_compiles_with_autograd_forces():
+    """compile=True under grad mode, forces by autograd of a network with parameters that
+    require grad (a feature SeparableHNN: Verlet; a non-separable feature HNN: symplectic
+    Euler, implicit in one half): the steps compile (no warning, no eager fallback: the force
+    is torch.func.grad inside the graph, which the outer autograd differentiates through) and
+    the loss and every parameter's gradient equal eager's."""
+    torch.manual_seed(0)
+    dist = tgi.nn.PairDistances(2, 2)
+    q0, p0 = torch.randn(16, 4, dtype=torch.float64), torch.randn(16, 4, dtype=torch.float64)
+    cases = [(tgi.nn.SeparableHNN(4, width=8, potential_features=dist), "verlet"),
+             (tgi.nn.HNN(4, width=8, features=lambda x: torch.cat([dist(x[..., :4]), x[..., 4:]], -1)),
+              "symplectic_euler")]
+    for model, method in cases:
+        model = model.double()
+
+        def loss_and_grads(compile):
+            q, p = tgi.rollout(model, q0, p0, h=0.1, steps=4, method=method, compile=compile)
+            loss = q.square().mean() + p.square().mean()
+            return (loss.detach(),) + torch.autograd.grad(loss, list(model.parameters()))
+
+        eager = loss_and_grads(False)
+        with warnings.catch_warnings():
+            # "could not compile …; running it eagerly" fails (dynamo's own warnings do not)
+            warnings.filterwarnings("error", "compile=True: could not")
+            compiled = loss_and_grads(True)
+        assert not _compile._kernels(tgi.METHODS[method], model).failed
+        for a, b in zip(eager, compiled):
+            assert (a - b).abs().max() <= 1e-12 * (1 + a.abs().max())
+
+
+def test_autograd_forces_under_saved_tensor_hooks_run_eagerly_and_leave_hooks_usable():
+    """Under saved-tensor hooks (grad="checkpoint", save_on_cpu, a user's saved_tensors_hooks)
+    torch.func.grad refuses to run, and dynamo failing on it would leave the hooks disabled for
+    the whole process: the compiled step says why and runs eagerly (eager's gradients), and
+    hooks work afterwards.  Closed-form forces compile under hooks as before."""
+    torch.manual_seed(0)
+    q0, p0 = torch.randn(8, 2, dtype=torch.float64), torch.randn(8, 2, dtype=torch.float64)
+    hooks = lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)  # noqa: E731
+    for kw in ({}, {"grad": "checkpoint"}):
+        for features, fails in ((tgi.nn.PairDistances(2, 1), True), (None, False)):
+            model = tgi.nn.SeparableHNN(2, width=8, potential_features=features).double()
+            qe, _ = tgi.rollout(model, q0, p0, h=0.1, steps=3, **kw)
+            ge = torch.autograd.grad(qe.square().sum(), list(model.parameters()))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                with hooks():
+                    q, _ = tgi.rollout(model, q0, p0, h=0.1, steps=3, compile=True, **kw)
+            said = [w for w in caught if "could not compile" in str(w.message)]
+            assert len(said) == fails and all("saved-tensor hooks" in str(w.message) for w in said)
+            g = torch.autograd.grad(q.square().sum(), list(model.parameters()))
+            assert all((a - b).abs().max() < 1e-12 for a, b in zip(g, ge))
+            with hooks():       # not left disabled
+                pass

@@ -111,6 +111,7 @@ import warnings
 
 import torch
 
+from . import systems
 from ._cache import IdentityCache
 from ._loop import run_loop
 from .integrators.base import Stepper, explicit_splitting
@@ -223,7 +224,11 @@ def row_major_state(x):
 
 
 def _why(err):
-    """A failed compilation's reason for a warning: the error's type and first line."""
+    """A failed compilation's reason for a warning: the error's type and first line (for an
+    exception the traced code raised, dynamo's "Observed exception", the one it observed)."""
+    cause = err.__cause__ or err.__context__
+    if str(err).strip().startswith("Observed exception") and cause is not None:
+        err = cause
     text = str(err).strip()
     return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
 
@@ -778,6 +783,9 @@ class CompiledStep(Stepper):
         """The compiled call; if it fails and the eager step does not, compilation is turned off
         for this (integrator, system) with a warning, and the eager result returned.  Failures of
         the step itself (a ConvergenceError, bad shapes) come out of the eager step."""
+        # (read by grad_of while dynamo traces: its graphs guard on it)
+        systems.HOOKED = (torch.is_grad_enabled()
+                          and torch._C._autograd._top_saved_tensors_default_hooks(False) is not None)
         try:
             return run()
         except (ConvergenceError, FloatingPointError):

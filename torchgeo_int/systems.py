@@ -129,6 +129,13 @@ def _checked_once(fn: Callable[[Tensor], Tensor], label: str) -> Callable[[Tenso
     return call
 
 
+#: Set by the compiled stepper (outside its graphs, which guard on it) while saved-tensor hooks
+#: are active under grad mode (``grad="checkpoint"``, ``save_on_cpu``, a user's
+#: ``saved_tensors_hooks``): torch.func.grad refuses to run under them, and dynamo failing on
+#: that leaves them disabled for the whole process.
+HOOKED = False
+
+
 def grad_of(fn: Callable[..., Tensor], inputs: tuple[Tensor, ...],
             label: str = "the energy function", user_fn=None, *,
             constant_ok: bool = False) -> tuple[Tensor, ...]:
@@ -143,12 +150,17 @@ def grad_of(fn: Callable[..., Tensor], inputs: tuple[Tensor, ...],
     has zero gradients instead of raising (an energy that ignores q and p is a user's mistake;
     a constant control is not)."""
     keep = torch.is_grad_enabled()
-    if not keep and torch.compiler.is_compiling():
-        # Traced into a graph without autograd (compile=True's blocks and loops, fused
-        # fixed-point iterations): torch.func.grad of the batch sum, which dynamo traces on
-        # every torch version and inside a while_loop body, where torch.autograd.grad does not
-        # trace, and torch < 2.13 refuses its inputs' requires_grad_.  (The first, eager call
-        # of a compiled rollout has run the checks below.)
+    if torch.compiler.is_compiling():
+        if keep and HOOKED:
+            raise RuntimeError("forces by autograd do not compile under saved-tensor hooks "
+                               "(grad='checkpoint', save_on_cpu): torch.func.grad refuses them")
+        # Traced into a graph (compile=True's blocks, loops and steps, fused fixed-point
+        # iterations): torch.func.grad of the batch sum, which dynamo traces on every torch
+        # version and inside a while_loop body, where torch.autograd.grad does not trace, and
+        # torch < 2.13 refuses its inputs' requires_grad_.  Under grad mode the outer autograd
+        # differentiates through it (a training step's compiled steps: the parameters' graph
+        # is kept as create_graph would).  (The first, eager call of a compiled rollout has run
+        # the checks below.)
         return torch.func.grad(lambda *xs: fn(*xs).sum(), argnums=tuple(range(len(inputs))))(*inputs)
     # enable_grad cannot lift inference mode: the message below ("does not depend on its
     # inputs") misled

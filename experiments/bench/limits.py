@@ -1,7 +1,8 @@
 """Limits: the configurations users run, side by side with the practical CPU limit.
 
     python -m experiments.bench.limits [--quick] [--batches 1 64 4096 65536] [--configs ...]
-                                       [--sections table training odeint midpoint small compute]
+                                       [--sections table training odeint midpoint small compute
+                                                  training_compiled]
 
 The limit is a numba ``@njit`` loop (the optional ``bench`` extra: ``pip install
 'torchgeo_int[bench]'``): Störmer–Verlet as an FSAL kick–drift–kick loop over the batch, every
@@ -40,6 +41,8 @@ Sections besides the table (``--sections``):
 * ``midpoint``: ``implicit_midpoint`` (B = 256, every state kept), eager and ``compile=True``,
   against a per-trajectory numba fixed-point loop (same tolerance, convergence checked every
   iteration, warm start from the last stage derivative);
+* ``training_compiled`` (only when asked for): ``training``'s Verlet rollout loss, eager and
+  ``compile=True``, forces in closed form and by autograd, with each first call's seconds;
 * ``compute`` (only when asked for): B = 4096 and 65536, the numba loop and ``rollout(compile=True)``
   each keeping every state and keeping only the final state, side by side: how much of the
   compiled rollout's time is its arithmetic and how much the stores of every state; and one
@@ -76,7 +79,7 @@ BATCHES = [1, 64, 4096, 65536]
 QUICK_BATCHES = [1, 256]
 SECTIONS = ["table", "training", "odeint", "midpoint", "small"]
 #: sections run only when asked for (--sections): not part of make bench's ten minutes
-EXTRA_SECTIONS = ["compute"]
+EXTRA_SECTIONS = ["compute", "training_compiled"]
 #: state·steps per run (≈ 0.1–1 s at the limit's speed); steps capped at MAX_STEPS.
 WORK, QUICK_WORK, MAX_STEPS, MIN_STEPS = 2 ** 23, 2 ** 14, 2000, 64
 
@@ -444,6 +447,56 @@ def training(args):
                          vs_derivative=best[name] / best["derivative matching"]))
     setup = (f"SeparableHNN(1, width={width}, depth=2), pendulum windows: batch {batch}, "
              f"{window} steps of dt = {tc.DT}, float32, one training step = loss, backward, Adam")
+    return setup, rows
+
+
+def training_compiled(args):
+    """ms per training step of :func:`training`'s Verlet rollout loss, eager and
+    ``compile=True``, the forces in closed form and by autograd (compiled: ``torch.func.grad``
+    in the graph, differentiated by the outer backward), side by side in rounds; the first
+    call (compile and one step) in seconds; each loss at the first step against eager's."""
+    from torchgeo_int import nn as tnn
+
+    from . import training_cost as tc
+
+    batch, window, width = (32, 3, 32) if args.quick else (256, 10, 200)
+    data = tc.make_data(batch, window)
+    confs = {f"{forces}, {'compile=True' if c else 'eager'}": (forces, c)
+             for forces in ("closed form", "autograd") for c in (False, True)}
+    steps, first, loss0, failed = {}, {}, {}, {}
+    for name, (forces, c) in confs.items():
+        torch.manual_seed(0)
+        model = tnn.SeparableHNN(1, width=width, depth=2).to(data[0].dtype)
+        model = autograd_forces(model) if forces == "autograd" else model
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+        def step(model=model, opt=opt, c=c):
+            opt.zero_grad(set_to_none=True)
+            loss = tc.rollout_loss(model, "verlet", data[0], data[1], compile=c)
+            loss.backward()
+            opt.step()
+            return float(loss.detach())
+
+        t = time.perf_counter()
+        with warnings_off():
+            loss0[name] = step()
+        first[name], steps[name] = time.perf_counter() - t, step
+        failed[name] = c and _compile._kernels(tgi.METHODS["verlet"], model).failed
+    best = {}
+    for _ in range(2 if args.quick else 3):     # rounds: every configuration in each
+        for name, step in steps.items():
+            _, s = common.min_time(step, 2 if args.quick else 5)
+            best[name] = min(best.get(name, math.inf), s)
+    den = best["closed form, eager"]
+    rows = [dict(config=name, ms_per_step=1e3 * best[name], ratio=best[name] / den,
+                 first_call_s=first[name],
+                 loss_diff=abs(loss0[name] - loss0[f"{confs[name][0]}, eager"]),
+                 ran=(f"eagerly ({failed[name]})" if failed[name]
+                      else "compiled" if confs[name][1] else "eagerly"))
+            for name in confs]
+    setup = (f"SeparableHNN(1, width={width}, depth=2), pendulum windows: batch {batch}, "
+             f"{window} Verlet steps of dt = {tc.DT}, float32, one training step = loss, "
+             "backward, Adam")
     return setup, rows
 
 
@@ -828,6 +881,15 @@ def main(argv=None):
                    ("max_diff", "max |Δ|, every state")]))
         sections.append(("Training step (forward + backward + Adam)", md + "\n\n" + md2))
         print(md + "\n\n" + md2)
+    if "training_compiled" in args.sections:
+        setup, rows = training_compiled(args)
+        data["training_compiled"] = dict(setup=setup, rows=rows)
+        md = setup + "\n\n" + common.markdown_table(rows, [
+            ("config", "forces, steps"), ("ms_per_step", "ms / training step"),
+            ("ratio", "× closed form, eager"), ("first_call_s", "first call s"),
+            ("loss_diff", "|Δ loss| vs eager, first step"), ("ran", "steps ran")])
+        sections.append(("Training step, eager and compiled", md))
+        print(md)
     if "odeint" in args.sections:
         batch, steps, res = odeint_vs_hand(args)
         data["odeint"] = dict(batch=batch, steps=steps, rows=res)

@@ -104,8 +104,9 @@ def models(width):
 
 # --- losses ---------------------------------------------------------------------------------------
 
-def rollout_loss(model, method, q, p):
-    qs, ps = tgi.rollout(model, q[:, 0], p[:, 0], h=DT, steps=q.shape[1] - 1, method=method)
+def rollout_loss(model, method, q, p, compile=False):
+    qs, ps = tgi.rollout(model, q[:, 0], p[:, 0], h=DT, steps=q.shape[1] - 1, method=method,
+                         compile=compile)
     eq, ep = qs[1:] - q[:, 1:].transpose(0, 1), ps[1:] - p[:, 1:].transpose(0, 1)
     return 0.5 * ((eq * eq).mean() + (ep * ep).mean())
 
