@@ -87,6 +87,37 @@ def test_a_learned_mass_gets_its_gradient():
     assert float(grads[0]) != 0.0
 
 
+@pytest.mark.parametrize("mass", [1.0, 2.5, torch.tensor([1.0, 3.0], dtype=torch.float64)])
+def test_a_system_with_mass_pickles_whole(mass):
+    """mass= builds a module (T and ∂T/∂p its methods), not lambdas: torch.save(system) keeps it
+    whole, with the same energies and trajectory."""
+    import io
+
+    system = tgi.SeparableHamiltonian(None, V, mass=mass)
+    buf = io.BytesIO()
+    torch.save(system, buf)
+    buf.seek(0)
+    back = torch.load(buf, weights_only=False)
+    q0, p0 = kepler_state(4)
+    assert torch.equal(back.energy(q0, p0), system.energy(q0, p0))
+    a = tgi.rollout(system, q0, p0, h=0.01, steps=5)
+    b = tgi.rollout(back, q0, p0, h=0.01, steps=5)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_a_tensor_mass_follows_to_and_a_parameter_mass_is_a_parameter():
+    m = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    system = tgi.SeparableHamiltonian(None, V, mass=m).to(torch.float32)
+    assert system.kinetic.mass.dtype == torch.float32 and not system.state_dict()
+    w = torch.nn.Parameter(torch.tensor([1.5, 0.5], dtype=torch.float64))
+    learned = tgi.SeparableHamiltonian(None, V, mass=w)
+    assert [x is w for x in learned.parameters()] == [True]
+    q0, p0 = kepler_state(3)
+    q, _ = tgi.rollout(learned, q0, p0, h=0.01, steps=10)
+    (g,) = torch.autograd.grad(q[-1].sum(), w)
+    assert bool(torch.isfinite(g).all()) and bool((g != 0).all())
+
+
 @pytest.mark.parametrize("mass", [0.0, -1.0, math.inf, math.nan, True, "1",
                                   torch.tensor([1.0, 0.0]), torch.tensor([1, 2])])
 def test_bad_mass_is_refused(mass):

@@ -298,7 +298,8 @@ class SeparableHamiltonian(Hamiltonian):
         if mass is not None:
             if kinetic is not None or kinetic_grad is not None:
                 raise ValueError("pass either kinetic (and kinetic_grad) or mass=, not both")
-            kinetic, kinetic_grad = _quadratic_kinetic(mass)
+            kinetic = QuadraticKinetic(mass)
+            kinetic_grad = kinetic.grad
         if not (callable(kinetic) and callable(potential)):
             raise TypeError("kinetic and potential must be callable: kinetic(p), potential(q)")
         super().__init__(None, time_dependent=False)
@@ -372,23 +373,42 @@ def _closed_form(energy, x: Tensor | None = None) -> bool:
     return bool(getattr(energy, "closed_form_grad", False)) and not (x is not None and x.is_complex())
 
 
-def _quadratic_kinetic(mass):
-    """(T, ∂T/∂p) of T(p) = ½ Σ p²/m (see SeparableHamiltonian's ``mass``)."""
-    if isinstance(mass, torch.Tensor):
-        if not (mass.is_floating_point() and mass.numel() > 0 and bool(torch.isfinite(mass).all())
-                and bool((mass > 0).all())):
-            raise ValueError("mass must hold finite positive floating-point values")
-        dims = tuple(range(-max(1, mass.dim()), 0))
-        # in the state's dtype and device (a float64 mass made float32 states float64 under
-        # backprop only, and implicit solves refuse the mixed dtype)
-        return (lambda p: 0.5 * (p * p / mass.to(p)).sum(dims)), (lambda p: p / mass.to(p))
-    if isinstance(mass, bool) or not isinstance(mass, numbers.Real) or not 0 < mass < float("inf"):
-        raise ValueError(f"mass must be a finite positive number or tensor, got {mass!r}")
-    m = float(mass)
-    if m == 1.0:
-        # ∂T/∂p = p: the same tensor (kicks and drifts make new ones, nothing writes into it)
-        return (lambda p: 0.5 * (p * p).sum(-1)), (lambda p: p)
-    return (lambda p: 0.5 * (p * p).sum(-1) / m), (lambda p: p / m)
+class QuadraticKinetic(nn.Module):
+    """T(p) = ½ Σ p²/m and ∂T/∂p = p/m (:meth:`grad`): SeparableHamiltonian's ``mass=``.  A
+    module, so a system holding it pickles whole (``torch.save(system)``; a lambda does not),
+    a tensor m follows ``.to()`` (a buffer, not saved in ``state_dict``) and an
+    ``nn.Parameter`` m is a parameter of the system."""
+
+    def __init__(self, mass):
+        super().__init__()
+        if isinstance(mass, torch.Tensor):
+            if not (mass.is_floating_point() and mass.numel() > 0
+                    and bool(torch.isfinite(mass).all()) and bool((mass > 0).all())):
+                raise ValueError("mass must hold finite positive floating-point values")
+            self.dims = tuple(range(-max(1, mass.dim()), 0))
+            if isinstance(mass, nn.Parameter):
+                self.mass = mass
+            else:
+                self.register_buffer("mass", mass, persistent=False)
+            return
+        if isinstance(mass, bool) or not isinstance(mass, numbers.Real) or not 0 < mass < float("inf"):
+            raise ValueError(f"mass must be a finite positive number or tensor, got {mass!r}")
+        self.mass, self.dims = float(mass), (-1,)
+
+    def forward(self, p: Tensor) -> Tensor:
+        m = self.mass
+        if isinstance(m, torch.Tensor):
+            # in the state's dtype and device (a float64 mass made float32 states float64 under
+            # backprop only, and implicit solves refuse the mixed dtype)
+            return 0.5 * (p * p / m.to(p)).sum(self.dims)
+        return 0.5 * (p * p).sum(-1) if m == 1.0 else 0.5 * (p * p).sum(-1) / m
+
+    def grad(self, p: Tensor) -> Tensor:
+        m = self.mass
+        if isinstance(m, torch.Tensor):
+            return p / m.to(p)
+        # m = 1: p itself (kicks and drifts make new tensors, nothing writes into it)
+        return p if m == 1.0 else p / m
 
 
 class VectorFieldSystem(System):
