@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]          # this checkout
@@ -62,12 +63,17 @@ class Worker:
     """``script`` (a file of this checkout) with ``args``, run by a child process whose
     ``sys.path`` starts with ``tree`` (and whose working directory it is), one thread: send it
     JSON lines and read its answers with :meth:`ask`; :meth:`close` (or leaving a ``with``)
-    sends ``null`` and waits for it.  A child that stops or answers something else is a
-    RuntimeError carrying the end of its stderr."""
+    sends ``null`` and waits for it.  A child that stops, answers something else or gives no
+    answer within ``timeout`` seconds (then killed) is a RuntimeError carrying the end of its
+    stderr."""
+    #: seconds an answer may take (a measurement, compiles included); None: no limit
+    timeout: float | None = 1800.0
     RUN = ("import runpy, sys; sys.path.insert(0, sys.argv[1]); sys.argv = sys.argv[2:]; "
            "runpy.run_path(sys.argv[0], run_name='__main__')")
 
-    def __init__(self, tree: Path, script, *args: str, env: dict | None = None):
+    def __init__(self, tree: Path, script, *args: str, env: dict | None = None,
+                 timeout: float | None = timeout):
+        self.timeout = timeout
         self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen([sys.executable, "-c", self.RUN, str(tree), str(script), *map(str, args)],
                                      cwd=tree, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -94,7 +100,18 @@ class Worker:
             self.proc.stdin.flush()
         except (BrokenPipeError, ValueError):          # (ValueError: closed after a failure)
             raise self._stopped("the worker process stopped") from None
-        line = self.proc.stdout.readline()
+        # the line read beside, so that a child that hangs (a deadlock, a compile that never
+        # ends) is an error here instead of a wait for ever
+        answer = []
+        reader = threading.Thread(target=lambda: answer.append(self.proc.stdout.readline()),
+                                  daemon=True)
+        reader.start()
+        reader.join(self.timeout)
+        if reader.is_alive():
+            self.proc.kill()
+            reader.join()
+            raise self._stopped(f"the worker process gave no answer in {self.timeout:g} s (killed)")
+        line = answer[0] if answer else ""
         if not line:
             raise self._stopped("the worker process stopped")
         try:

@@ -820,3 +820,11 @@ def test_a_tree_worker_that_stops_or_garbles_is_an_error_with_its_stderr(tmp_pat
         with pytest.raises(RuntimeError, match="stopped; its stderr ends:\n.*dying on request"):
             w.ask("die")
     w.close()
+    hang = tmp_path / "hang.py"
+    hang.write_text("import sys, time\nsys.stderr.write('hanging\\n'); sys.stderr.flush()\n"
+                    "sys.stdin.readline(); time.sleep(60)\n")
+    w = Worker(tmp_path, hang, timeout=0.5)
+    with pytest.raises(RuntimeError, match="no answer in 0.5 s .killed.; its stderr ends:\n.*hanging"):
+        w.ask(1)
+    assert w.proc.poll() is not None           # killed, not left running
+    w.close()
