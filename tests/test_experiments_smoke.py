@@ -442,6 +442,12 @@ def test_hnn_study_shooting_arms_tiny(tmp_path, monkeypatch, capsys):
     same = hnn_run.run("twobody_noisy", arm_keys=["e4"], shooting=dict(batch_factor2=7), **args)
     assert batches == [8 * 7] and "the batch" not in same["arms"]["e4"]["label"]
     batches.clear()
+    # full batch (spring's and the pendulum's full runs): no batch factor applies, none is named
+    monkeypatch.setitem(hnn_run.CONFIG["spring"]["quick"], "batch", None)
+    whole = hnn_run.run("spring", arm_keys=["e4"], shooting=dict(batch_factor2=3),
+                        **dict(args, batch_size=None, out=tmp_path / "whole"))
+    assert batches == [None] and "the batch" not in whole["arms"]["e4"]["label"]
+    batches.clear()
     fewer = hnn_run.run("twobody_noisy", arm_keys=["g", "g_ode"],
                         shooting=dict(derivative_points=20, derivative_warmup=3), **args)
     assert batches == [8 * 7] and fits[-1] == (8, 20, 3)    # (g″) evaluates (g)'s model: one training

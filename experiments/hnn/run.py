@@ -163,7 +163,8 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
     t_start = time.perf_counter()
     task = study_task(task_name, data_seed, quick=quick)
     shooting = dict(SHOOTING[task_name], **(shooting or {}))
-    all_arms = every_arm = make_arms(task, b_model=b_model, node_window=node_window, shooting=shooting)
+    all_arms = every_arm = make_arms(task, b_model=b_model, node_window=node_window, shooting=shooting,
+                                     full_batch=bs is None)
     out = Path(out)
     stem = report_stem(out, task_name, network)
     if network != "mlp" and not from_partial:     # (a partial's network is checked below)
@@ -208,8 +209,8 @@ def run(task_name: str, *, quick: bool = False, seeds: int | None = None, steps:
             raise ValueError(f"--from-partial: that run used the network {part.get('network', 'mlp')!r}, "
                              f"this one asks for {network!r}")
         t_start -= part.get("wall_seconds", float("nan"))
-        all_arms = [a for a in make_arms(task, b_model=b_model, node_window=node_window, shooting=shooting)
-                    if a.key in results]
+        all_arms = [a for a in make_arms(task, b_model=b_model, node_window=node_window, shooting=shooting,
+                                         full_batch=bs is None) if a.key in results]
         traj = _trajectories(stem)
         keep = torch.load(traj, weights_only=True) if traj.exists() else {}
         n_loop = 0

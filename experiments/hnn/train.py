@@ -80,7 +80,9 @@ class Arm:
 
 
 def arms(task: Task, *, b_model: str = "auto", node_window: int = 5, windows=(1, 5, 10),
-         shooting: dict | None = None):
+         shooting: dict | None = None, full_batch: bool = False):
+    """The study's arms on ``task``.  ``full_batch``: every step sees the whole data set, so the
+    shooting arms' batch factors do not apply and (e′)'s label does not name its own."""
     sep = task.separable and b_model != "hnn"
     b_cls, b_method = ("SeparableHNN", "verlet") if sep else ("HNN", "implicit_midpoint")
     out = [Arm("a", "(a) HNN, derivative matching", "HNN", "derivative", 0, "dopri5",
@@ -107,7 +109,8 @@ def arms(task: Task, *, b_model: str = "auto", node_window: int = 5, windows=(1,
     m2 = sh["method2"]
     sub2 = sh["substeps2"]
     bf2 = sh["batch_factor2"]
-    bf2_label = "" if bf2 is None or bf2 == sh["batch_factor"] else f", {bf2} × the batch"
+    bf2_label = ("" if full_batch or bf2 is None or bf2 == sh["batch_factor"]
+                 else f", {bf2} × the batch")
     out.append(Arm("e", f"(e) {b_cls}, {states}, {grid}, {b_method}", b_cls, "shooting",
                    seg or 0, b_method, f"{b_method}, h = dt"))
     out.append(Arm("e4", f"(e′) {b_cls}, {states}, {grid}, {m2}"
