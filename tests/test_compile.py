@@ -1004,3 +1004,53 @@ def test_autograd_forces_under_saved_tensor_hooks_run_eagerly_and_leave_hooks_us
             assert all((a - b).abs().max() < 1e-12 for a, b in zip(g, ge))
             with hooks():       # not left disabled
                 pass
+
+
+def test_newton_through_a_compiled_field_under_grad_mode_runs_eagerly(monkeypatch):
+    """Newton's Jacobian through a compiled vector field (forces by autograd): backward="unroll"
+    differentiates it twice, which compiled graphs do not support, so under grad mode the field
+    stays autograd's and the step runs eagerly, with eager's loss and gradients; under
+    saved-tensor hooks with grad mode off (Newton turns it on for its Jacobian) the hooks stay
+    usable; the flag that lets explicit steps trace torch.func.grad is down after every call."""
+    from torchgeo_int import systems
+
+    monkeypatch.setattr(_compile, "FIELDS_MIN", 1)     # the compiled field at a small state
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.tensor([1.0, 0.3], dtype=torch.float64))
+
+    class H(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = w
+
+        def forward(self, q, p):
+            return (0.5 * (p * p).sum(-1) * (1 + 0.1 * (q * q).sum(-1))
+                    + self.w[0] * 0.5 * (q * q).sum(-1) + self.w[1] * (q ** 4).sum(-1))
+
+    q0, p0 = torch.randn(8, 2, dtype=torch.float64), torch.randn(8, 2, dtype=torch.float64)
+    for backward in ("unroll", "implicit"):
+        system = tgi.Hamiltonian(H())
+        method = tgi.METHODS["implicit_midpoint"].with_options(solver="newton", backward=backward)
+
+        def run(compile):
+            q, p = tgi.rollout(system, q0, p0, h=0.1, steps=3, method=method, compile=compile)
+            loss = q.square().mean() + p.square().mean()
+            return (loss.detach(),) + torch.autograd.grad(loss, [w])
+
+        eager = run(False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compiled = run(True)
+        assert all((a - b).abs().max() < 1e-12 for a, b in zip(eager, compiled))
+        assert not systems.TRACE_FUNC_GRAD
+    system = tgi.Hamiltonian(lambda q, p: 0.5 * (p * p).sum(-1) * (1 + 0.1 * (q * q).sum(-1)) + (q ** 4).sum(-1))
+    method = tgi.METHODS["implicit_midpoint"].with_options(solver="newton")
+    hooks = lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)  # noqa: E731
+    with torch.no_grad():
+        qe, _ = tgi.rollout(system, q0, p0, h=0.1, steps=3, method=method)
+        with hooks(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            q, _ = tgi.rollout(system, q0, p0, h=0.1, steps=3, method=method, compile=True)
+    assert (q - qe).abs().max() < 1e-12
+    with hooks():        # not left disabled
+        pass

@@ -223,6 +223,10 @@ def row_major_state(x):
     return out.reshape(x.shape)
 
 
+#: held while systems.TRACE_FUNC_GRAD is set (CompiledStep.step under grad mode)
+_TRACE_LOCK = threading.RLock()
+
+
 def _why(err):
     """A failed compilation's reason for a warning: the error's type and first line (for an
     exception the traced code raised, dynamo's "Observed exception", the one it observed)."""
@@ -783,9 +787,6 @@ class CompiledStep(Stepper):
         """The compiled call; if it fails and the eager step does not, compilation is turned off
         for this (integrator, system) with a warning, and the eager result returned.  Failures of
         the step itself (a ConvergenceError, bad shapes) come out of the eager step."""
-        # (read by grad_of while dynamo traces: its graphs guard on it)
-        systems.HOOKED = (torch.is_grad_enabled()
-                          and torch._C._autograd._top_saved_tensors_default_hooks(False) is not None)
         try:
             return run()
         except (ConvergenceError, FloatingPointError):
@@ -799,8 +800,11 @@ class CompiledStep(Stepper):
         except Exception as err:  # noqa: BLE001 — whatever dynamo/inductor raise; eager decides
             out = eager()
             self.kernels.failed = _why(err)
+            hooks = (" (saved-tensor hooks are active — grad='checkpoint', save_on_cpu — and "
+                     "torch.func.grad, which forces by autograd compile to, refuses them)"
+                     if torch.is_grad_enabled() and systems.saved_tensor_hooks_active() else "")
             warnings.warn(f"compile=True: could not compile the step of {self.kernels.name!r} "
-                          f"({self.kernels.failed}); running it eagerly", stacklevel=4)
+                          f"({self.kernels.failed}){hooks}; running it eagerly", stacklevel=4)
             return out
 
     def _time(self, t, like):
@@ -832,9 +836,20 @@ class CompiledStep(Stepper):
             elif self.n_steps - round((t - self.t0) / h) < n:
                 return eager()               # the tail: no second graph to compile
         force = k.first_force(system, q, t, cache)
-        out = self._guarded(lambda: k.run_block(n, n > 1, q, p, force, self._time(t, q), h), eager)
-        if k.failed or n == 1:
-            return out
+        if n > 1:
+            out = self._guarded(lambda: k.run_block(n, True, q, p, force, self._time(t, q), h), eager)
+            return out if k.failed else _Block(out[0], out[1], _row_major(out[4])).next()
+        # one step, under grad mode where there is one (no lookahead): forces by autograd are
+        # traced as torch.func.grad here, outside saved-tensor hooks (systems.TRACE_FUNC_GRAD)
+        if not torch.is_grad_enabled():
+            return self._guarded(lambda: k.run_block(1, False, q, p, force, self._time(t, q), h), eager)
+        with _TRACE_LOCK:    # (another thread's flag must not reach this trace: hooks are per thread)
+            systems.TRACE_FUNC_GRAD = not systems.saved_tensor_hooks_active()
+            try:
+                return self._guarded(lambda: k.run_block(1, False, q, p, force, self._time(t, q), h),
+                                     eager)
+            finally:
+                systems.TRACE_FUNC_GRAD = False
         return _Block(out[0], out[1], _row_major(out[4])).next()
 
     def _implicit(self, system, q, p, t, h, cache, carry=None):

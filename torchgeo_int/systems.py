@@ -129,11 +129,27 @@ def _checked_once(fn: Callable[[Tensor], Tensor], label: str) -> Callable[[Tenso
     return call
 
 
-#: Set by the compiled stepper (outside its graphs, which guard on it) while saved-tensor hooks
-#: are active under grad mode (``grad="checkpoint"``, ``save_on_cpu``, a user's
-#: ``saved_tensors_hooks``): torch.func.grad refuses to run under them, and dynamo failing on
-#: that leaves them disabled for the whole process.
-HOOKED = False
+#: True only while the compiled stepper runs an explicit step under grad mode and no saved-
+#: tensor hooks are active (``_compile.CompiledStep.step``, reset after the call; dynamo guards
+#: on it): there a traced force is torch.func.grad, which the outer backward differentiates
+#: through.  Elsewhere under grad mode it stays torch.autograd.grad, which dynamo does not
+#: trace, so that step runs eagerly: Newton's Jacobians through a compiled vector field (kept
+#: for a second backward by backward="unroll", which compiled graphs do not support), and
+#: under saved-tensor hooks, which torch.func.grad refuses (its failure inside dynamo left them
+#: disabled for the whole process).
+TRACE_FUNC_GRAD = False
+
+
+def saved_tensor_hooks_active() -> bool:
+    """Whether saved-tensor hooks are active in this thread (``grad="checkpoint"``,
+    ``save_on_cpu``, ``saved_tensors_hooks``); True where this torch cannot say."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    if top is None:
+        return True
+    try:
+        return top(False) is not None
+    except TypeError:        # torch < 2.8: no argument
+        return top() is not None
 
 
 def grad_of(fn: Callable[..., Tensor], inputs: tuple[Tensor, ...],
@@ -150,17 +166,14 @@ def grad_of(fn: Callable[..., Tensor], inputs: tuple[Tensor, ...],
     has zero gradients instead of raising (an energy that ignores q and p is a user's mistake;
     a constant control is not)."""
     keep = torch.is_grad_enabled()
-    if torch.compiler.is_compiling():
-        if keep and HOOKED:
-            raise RuntimeError("forces by autograd do not compile under saved-tensor hooks "
-                               "(grad='checkpoint', save_on_cpu): torch.func.grad refuses them")
-        # Traced into a graph (compile=True's blocks, loops and steps, fused fixed-point
-        # iterations): torch.func.grad of the batch sum, which dynamo traces on every torch
-        # version and inside a while_loop body, where torch.autograd.grad does not trace, and
-        # torch < 2.13 refuses its inputs' requires_grad_.  Under grad mode the outer autograd
-        # differentiates through it (a training step's compiled steps: the parameters' graph
-        # is kept as create_graph would).  (The first, eager call of a compiled rollout has run
-        # the checks below.)
+    if torch.compiler.is_compiling() and (not keep or TRACE_FUNC_GRAD):
+        # Traced into a graph without autograd (compile=True's blocks and loops, fused
+        # fixed-point iterations) or into an explicit step under grad mode (TRACE_FUNC_GRAD):
+        # torch.func.grad of the batch sum, which dynamo traces on every torch version and
+        # inside a while_loop body, where torch.autograd.grad does not trace, and torch < 2.13
+        # refuses its inputs' requires_grad_; under grad mode the outer backward differentiates
+        # through it (the parameters' graph kept, as create_graph would).  (The first, eager
+        # call of a compiled rollout has run the checks below.)
         return torch.func.grad(lambda *xs: fn(*xs).sum(), argnums=tuple(range(len(inputs))))(*inputs)
     # enable_grad cannot lift inference mode: the message below ("does not depend on its
     # inputs") misled
