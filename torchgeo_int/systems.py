@@ -15,6 +15,7 @@ grad they are taken with ``create_graph`` so a loss on a rollout differentiates 
 """
 from __future__ import annotations
 
+import copy
 import inspect
 import numbers
 from typing import Callable
@@ -388,9 +389,11 @@ def _closed_form(energy, x: Tensor | None = None) -> bool:
 
 class QuadraticKinetic(nn.Module):
     """T(p) = ½ Σ p²/m and ∂T/∂p = p/m (:meth:`grad`): SeparableHamiltonian's ``mass=``.  A
-    module, so a system holding it pickles whole (``torch.save(system)``; a lambda does not),
-    a tensor m follows ``.to()`` (a buffer, not saved in ``state_dict``) and an
-    ``nn.Parameter`` m is a parameter of the system."""
+    module, so a system holding it pickles whole (``torch.save(system)``; a lambda does not).
+    m is kept as given — not a buffer or a parameter, so ``.to()``, ``state_dict`` and
+    ``parameters()`` leave it alone (a learned m is the caller's to optimise) — and used in
+    the state's dtype and device; a deep copy shares an m that carries a graph (a tensor
+    computed from parameters, which cannot be deep-copied)."""
 
     def __init__(self, mass):
         super().__init__()
@@ -398,15 +401,23 @@ class QuadraticKinetic(nn.Module):
             if not (mass.is_floating_point() and mass.numel() > 0
                     and bool(torch.isfinite(mass).all()) and bool((mass > 0).all())):
                 raise ValueError("mass must hold finite positive floating-point values")
-            self.dims = tuple(range(-max(1, mass.dim()), 0))
-            if isinstance(mass, nn.Parameter):
-                self.mass = mass
-            else:
-                self.register_buffer("mass", mass, persistent=False)
-            return
-        if isinstance(mass, bool) or not isinstance(mass, numbers.Real) or not 0 < mass < float("inf"):
+            dims = tuple(range(-max(1, mass.dim()), 0))
+        elif isinstance(mass, bool) or not isinstance(mass, numbers.Real) or not 0 < mass < float("inf"):
             raise ValueError(f"mass must be a finite positive number or tensor, got {mass!r}")
-        self.mass, self.dims = float(mass), (-1,)
+        else:
+            mass, dims = float(mass), (-1,)
+        # (object.__setattr__: an nn.Parameter would otherwise be registered as this module's)
+        object.__setattr__(self, "mass", mass)
+        self.dims = dims
+
+    def __deepcopy__(self, memo):
+        m = self.mass
+        if isinstance(m, torch.Tensor) and not m.is_leaf:
+            memo[id(m)] = m
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return new
 
     def forward(self, p: Tensor) -> Tensor:
         m = self.mass
