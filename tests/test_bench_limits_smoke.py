@@ -56,7 +56,8 @@ def test_limits_quick_without_numba(tmp_path, no_numba):
     assert train["rollout loss, verlet"]["ms_per_step"] > 0
     assert train["rollout loss, verlet, autograd forces"]["ms_per_step"] > 0
     hnn = saved["hnn_rollouts"]
-    assert {r["config"] for r in hnn} == {"closed-form forces", "autograd forces"}
+    assert {r["config"] for r in hnn} == {f"{net}{how} forces" for net in ("", "|q₁ − q₂| features, ")
+                                           for how in ("closed-form", "autograd")}
     assert all(r["max_diff"] < 1e-5 for r in hnn)            # float32: the same forces
     ode = saved["odeint"]["rows"]
     assert ode["tgi.odeint verlet separable"]["max_diff"] < 1e-12   # same map, same evaluations

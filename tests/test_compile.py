@@ -960,7 +960,7 @@ def test_training_step_compiles_with_autograd_forces():
     torch.manual_seed(0)
     dist = tgi.nn.PairDistances(2, 2)
     q0, p0 = torch.randn(16, 4, dtype=torch.float64), torch.randn(16, 4, dtype=torch.float64)
-    cases = [(tgi.nn.SeparableHNN(4, width=8, potential_features=dist), "verlet"),
+    cases = [(tgi.nn.SeparableHNN(4, width=8, potential_features=lambda q: dist(q)), "verlet"),  # (no input_vjp)
              (tgi.nn.HNN(4, width=8, features=lambda x: torch.cat([dist(x[..., :4]), x[..., 4:]], -1)),
               "symplectic_euler")]
     for model, method in cases:
@@ -990,7 +990,8 @@ def test_autograd_forces_under_saved_tensor_hooks_run_eagerly_and_leave_hooks_us
     q0, p0 = torch.randn(8, 2, dtype=torch.float64), torch.randn(8, 2, dtype=torch.float64)
     hooks = lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)  # noqa: E731
     for kw in ({}, {"grad": "checkpoint"}):
-        for features, fails in ((tgi.nn.PairDistances(2, 1), True), (None, False)):
+        pair = tgi.nn.PairDistances(2, 1)        # (as a lambda, no input_vjp: autograd's forces)
+        for features, fails in ((lambda q: pair(q), True), (pair, False), (None, False)):
             model = tgi.nn.SeparableHNN(2, width=8, potential_features=features).double()
             qe, _ = tgi.rollout(model, q0, p0, h=0.1, steps=3, **kw)
             ge = torch.autograd.grad(qe.square().sum(), list(model.parameters()))

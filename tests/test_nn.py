@@ -827,3 +827,67 @@ def test_pair_distances_are_the_invariants_of_euclidean_motions():
         tgi.nn.PairDistances(3, 2)(torch.randn(2, 4))
     with pytest.raises(ValueError, match="bodies"):
         tgi.nn.PairDistances(1, 2)
+
+
+def test_features_with_a_vjp_give_closed_form_forces():
+    """A feature map with input_vjp(x, g) = J_φ(x)ᵀ g (PairDistances has one): the network's
+    input gradient is J_φᵀ ∇MLP(φ) in plain tensor operations (closed_form_grad, the rollout's
+    halves take it), equal to autograd's, also where two points coincide (0, as the norm's
+    gradient); the training gradients through a rollout equal those of the same networks by
+    autograd; HNN(features=) with a vjp likewise; an input_vjp of the wrong shape is refused."""
+    from torchgeo_int.nn.modules import ScalarMLP
+
+    torch.manual_seed(6)
+    for n, d in ((2, 2), (3, 2), (4, 3)):
+        pd = tgi.nn.PairDistances(n, d)
+        q = torch.randn(5, 3, n * d, requires_grad=True)
+        g = torch.randn(5, 3, n * (n - 1) // 2)
+        ref, = torch.autograd.grad(pd(q), q, g)
+        assert torch.allclose(pd.input_vjp(q, g), ref, rtol=1e-13, atol=1e-15)
+    same = torch.tensor([[0.5, 1.0, 0.5, 1.0, 2.0, 0.0]], requires_grad=True)    # bodies 1, 2 coincide
+    pd = tgi.nn.PairDistances(3, 2)
+    ref, = torch.autograd.grad(pd(same), same, torch.ones(1, 3))
+    assert torch.equal(pd.input_vjp(same, torch.ones(1, 3)), ref)
+
+    sep = SeparableHNN(4, potential_features=tgi.nn.PairDistances(2, 2), **TINY)
+    assert sep.potential.closed_form_grad and not sep.potential.closed_form_hessian
+    assert sep.halves()[1] == sep.potential.input_grad
+    q, p = torch.randn(6, 4), torch.randn(6, 4)
+    qq = q.clone().requires_grad_()
+    ref, = torch.autograd.grad(sep.potential(qq).sum(), qq)
+    assert torch.allclose(sep.potential.input_grad(q), ref, rtol=1e-12, atol=1e-14)
+    with pytest.raises(ValueError, match="features"):
+        sep.potential.input_grad_hessian(q)
+    K, V = sep.kinetic, sep.potential
+    by_autograd = tgi.SeparableHamiltonian(lambda p_: K(p_), lambda q_: V(q_))
+    grads = []
+    for model in (sep, by_autograd):
+        qs, ps = tgi.rollout(model, q, p, h=0.1, steps=5, method="verlet")
+        grads.append(torch.autograd.grad(qs.square().mean() + ps.square().mean(), list(sep.parameters())))
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-14)
+
+    pair = tgi.nn.PairDistances(2, 2)
+
+    class Invariants(nn.Module):          # (|q₁ − q₂|, p) of cat[q, p], with its vjp
+        def forward(self, x):
+            return torch.cat([pair(x[..., :4]), x[..., 4:]], -1)
+
+        def input_vjp(self, x, g):
+            return torch.cat([pair.input_vjp(x[..., :4], g[..., :1]), g[..., 1:]], -1)
+
+    hnn = HNN(4, features=Invariants(), **TINY)
+    qq, pp = q.clone().requires_grad_(), p.clone().requires_grad_()
+    ref = torch.autograd.grad(hnn.hamiltonian(qq, pp).sum(), (qq, pp))
+    for a, b in zip(hnn.gradients(q, p), ref):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-14)
+
+    class Wrong(nn.Module):
+        def forward(self, x):
+            return pair(x)
+
+        def input_vjp(self, x, g):
+            return g
+
+    with pytest.raises(ValueError, match=r"input_vjp\(x, g\) must give .* shape \(6, 4\), got \(6, 1\)"):
+        ScalarMLP(4, features=Wrong(), **TINY).input_grad(q)

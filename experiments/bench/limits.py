@@ -521,24 +521,33 @@ def autograd_forces(model):
 
 
 def hnn_rollouts(args):
-    """µs per eager Verlet step of a ``SeparableHNN`` (dim 2, width 200, float32), every state
-    kept, no_grad: closed-form forces against autograd's, side by side, B = 1, 256, 4096."""
+    """µs per eager Verlet step of a ``SeparableHNN`` (width 200, float32), every state kept,
+    no_grad: closed-form forces against autograd's, side by side, B = 1, 256, 4096; for the
+    MLPs of the state (dim 2) and for V_θ = MLP(|q₁ − q₂|) of two bodies in the plane (dim 4,
+    ``PairDistances(2, 2)``: its ``input_vjp`` pulls the MLP's closed-form gradient back)."""
     from torchgeo_int import nn as tnn
 
+    width = 32 if args.quick else 200
+    nets = {"": lambda: tnn.SeparableHNN(2, width=width),
+            "|q₁ − q₂| features, ": lambda: tnn.SeparableHNN(
+                4, width=width, potential_features=tnn.PairDistances(2, 2))}
     rows = []
     for batch in ([1, 64] if args.quick else [1, 256, 4096]):
-        torch.manual_seed(0)
-        model = tnn.SeparableHNN(2, width=32 if args.quick else 200).float()
-        q0, p0 = (0.5 * torch.randn(batch, 2, dtype=torch.float32) for _ in range(2))
         steps = 16 if args.quick else max(16, min(200, 2 ** 16 // batch))
         run = lambda system: (lambda q, p, n: tgi.rollout(system, q, p, h=0.1, steps=n))  # noqa: E731
-        confs = {"closed-form forces": (run(model), True),
-                 "autograd forces": (run(autograd_forces(model)), True)}
-        res = side_by_side(confs, q0, p0, steps, args.repeats)
-        for name, r in res.items():
-            rows.append(dict(batch=batch, config=name, steps=steps, us=1e6 * r["seconds"] / steps,
-                             ratio=r["seconds"] / res["closed-form forces"]["seconds"],
-                             max_diff=r["max_diff"]))
+        for net, make in nets.items():
+            torch.manual_seed(0)
+            model = make().float()
+            q0, p0 = (0.5 * torch.randn(batch, model.dim, dtype=torch.float32) for _ in range(2))
+            closed = f"{net}closed-form forces"
+            confs = {closed: (run(model), True),
+                     f"{net}autograd forces": (run(autograd_forces(model)), True)}
+            res = side_by_side(confs, q0, p0, steps, args.repeats)
+            for name, r in res.items():
+                rows.append(dict(batch=batch, config=name, steps=steps,
+                                 us=1e6 * r["seconds"] / steps,
+                                 ratio=r["seconds"] / res[closed]["seconds"],
+                                 max_diff=r["max_diff"]))
     return rows
 
 
@@ -874,8 +883,8 @@ def main(argv=None):
         rows = hnn_rollouts(args)
         data["hnn_rollouts"] = rows
         md2 = (f"Eager Verlet rollout of a `SeparableHNN(2, width={32 if args.quick else 200})`, "
-               "float32, every state "
-               "kept, no_grad:\n\n" + common.markdown_table(rows, [
+               "and of one of dim 4 whose V_θ is an MLP of |q₁ − q₂| (`PairDistances(2, 2)`), "
+               "float32, every state kept, no_grad (ratios to that network's closed form):\n\n" + common.markdown_table(rows, [
                    ("batch", "batch"), ("config", "forces"), ("steps", "steps"),
                    ("us", "µs / step"), ("ratio", "× closed form"),
                    ("max_diff", "max |Δ|, every state")]))

@@ -15,8 +15,9 @@ The Hamiltonian modules subclass :class:`torchgeo_int.Hamiltonian` /
 the layers take them as they take a hand-written H.  X_H of ``HNN``, ``SeparableHNN`` and
 ``MechanicalHNN(constant_mass=True)`` is the MLPs' closed-form input gradient
 (:meth:`MLP.input_grad`, the reverse sweep written out: plain tensor operations, so a loss
-differentiates through it with one backward pass) wherever the network has one now, else (and
-for a learned mass matrix) autograd's, with ``create_graph`` under grad mode.
+differentiates through it with one backward pass) wherever the network has one now — for a
+network of features φ, pulled back by φ's ``input_vjp`` where φ has one — else (and for a
+learned mass matrix) autograd's, with ``create_graph`` under grad mode.
 
 States are ``q, p`` of shape ``(..., dim)``; batch dims lead and are free.  The MLPs default to
 the HNN paper's 2 hidden layers × 200, tanh, orthogonal weight initialisation.
@@ -320,9 +321,10 @@ class ScalarMLP(nn.Module):
     invariant of a symmetry the energy has (the distance |q₁ − q₂| of a two-body potential is
     invariant under translations and rotations, so V_θ = MLP(|q₁ − q₂|) has both built in).  φ is
     called once on zeros of shape ``(1, dim)`` here to read k (in its own dtype and device where it
-    is a module, in eval mode).  ∂f/∂x is then autograd's (``closed_form_grad`` is False): φ is
-    the user's.  A φ with parameters is a module, or a module's bound method (its module is then
-    registered here too); a function that closes over a module hides its parameters from the
+    is a module, in eval mode).  ∂f/∂x is in closed form where φ gives its vector–Jacobian
+    product, ``φ.input_vjp(x, g) = J_φ(x)ᵀ g`` (as :class:`PairDistances` does): J_φ(x)ᵀ ∇MLP(φ(x)),
+    plain tensor operations; else autograd's (``closed_form_grad`` is False).  A φ with
+    parameters is a module, or a module's bound method (its module is then registered here too); a function that closes over a module hides its parameters from the
     model (they are not trained, saved or converted)."""
 
     def __init__(self, dim: int, *, features: Callable[[Tensor], Tensor] | None = None, **mlp_options):
@@ -343,8 +345,8 @@ class ScalarMLP(nn.Module):
     @property
     def closed_form_grad(self) -> bool:
         """:attr:`MLP.closed_form_grad` of the network, no forward hook on this module, and no
-        ``features``."""
-        return self.features is None and not _hooked(self) and self.net.closed_form_grad
+        ``features`` or features with ``input_vjp``."""
+        return _vjp_of(self.features) and not _hooked(self) and self.net.closed_form_grad
 
     @property
     def closed_form_hessian(self) -> bool:
@@ -354,15 +356,20 @@ class ScalarMLP(nn.Module):
                 and self.net.closed_form_hessian)
 
     def _no_features(self, method):
-        if self.features is not None:
+        if self.features is not None and (method != "input_grad" or not _vjp_of(self.features)):
+            extra = ("" if method != "input_grad" else
+                     " whose features have no input_vjp(x, g) (J_φ(x)ᵀ g, as PairDistances has)")
             raise ValueError(f"{method} is the closed form of a network of x; this one is a network of "
-                             "features(x): take its derivatives with torch.autograd (torch.func.hessian "
-                             "for the Hessian)")
+                             f"features(x){extra}: take its derivatives with torch.autograd "
+                             "(torch.func.hessian for the Hessian)")
 
     def input_grad(self, x):
-        """∂f/∂x, shape ``x.shape`` (closed form; see :meth:`MLP.input_grad`)."""
+        """∂f/∂x, shape ``x.shape`` (closed form; see :meth:`MLP.input_grad`); with features
+        that have ``input_vjp``, J_φ(x)ᵀ ∇MLP(φ(x))."""
         self._no_features("input_grad")
-        return self.net.input_grad(x)
+        if self.features is None:
+            return self.net.input_grad(x)
+        return _chain(self.features, self.net, x, self.dim)
 
     def input_grad_hessian(self, x):
         """(∂f/∂x, ∂²f/∂x²) in closed form (see :meth:`MLP.input_grad_hessian`)."""
@@ -396,6 +403,22 @@ class PairDistances(nn.Module):
         x = q.unflatten(-1, (self.bodies, self.space_dim))
         return (x[..., self.i, :] - x[..., self.j, :]).norm(dim=-1)
 
+    def input_vjp(self, q: Tensor, g: Tensor) -> Tensor:
+        r"""J(q)ᵀ g, shape ``q.shape``, for g of the distances' shape: each pair's g_ij (q_i − q_j)
+        / |q_i − q_j| added to point i and taken from point j (autograd's numbers, 0 where two
+        points coincide, as the norm's gradient there), in plain tensor operations: the
+        features' half of a closed-form force (:class:`ScalarMLP`'s ``features``)."""
+        x = q.unflatten(-1, (self.bodies, self.space_dim))
+        d = x[..., self.i, :] - x[..., self.j, :]                   # (…, pairs, space_dim)
+        r = d.norm(dim=-1, keepdim=True)
+        # (d = 0 where r = 0: w = 0 there, and no 0/0 for a backward to meet)
+        w = g.unsqueeze(-1) * d / torch.where(r > 0, r, torch.ones_like(r))
+        if self.bodies == 2:                                       # one pair: +w, −w
+            return torch.cat([w, -w], -2).flatten(-2)
+        out = torch.zeros_like(x)
+        out = out.index_add(-2, self.i, w).index_add(-2, self.j, -w)
+        return out.flatten(-2)
+
     def extra_repr(self) -> str:
         return f"bodies={self.bodies}, space_dim={self.space_dim}"
 
@@ -407,6 +430,26 @@ def _set_features(module: nn.Module, features) -> None:
     owner = getattr(features, "__self__", None)
     if isinstance(owner, nn.Module) and not isinstance(features, nn.Module):
         module.features_owner = owner
+
+
+def _vjp_of(features) -> bool:
+    """Whether a network of ``features`` can give its input gradient in closed form: none, or
+    a φ with ``input_vjp(x, g)`` (J_φ(x)ᵀ g)."""
+    return features is None or callable(getattr(features, "input_vjp", None))
+
+
+def _chain(features, net, x: Tensor, dim: int) -> Tensor:
+    """∂/∂x of net(φ(x)) = J_φ(x)ᵀ ∇net(φ(x)): the network's closed-form gradient at the
+    features, pulled back by φ's own ``input_vjp``."""
+    if x.shape[-1:] != (dim,):
+        raise ValueError(f"this network takes inputs of shape (..., {dim}) (its features' "
+                         f"argument), got shape {tuple(x.shape)}")
+    out = features.input_vjp(x, net.input_grad(features(x)))
+    if not isinstance(out, Tensor) or out.shape != x.shape:
+        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise ValueError(f"features.input_vjp(x, g) must give J_φ(x)ᵀ g of x's shape "
+                         f"{tuple(x.shape)}, got {got}")
+    return out
 
 
 def _feature_width(features, dim: int) -> int:
@@ -458,7 +501,8 @@ class HNN(Hamiltonian):
     activation has one (all of ``ACTIVATIONS``), else autograd's.
 
     ``features``: H_θ = MLP(φ(cat[q, p])) for a callable φ: ``(…, 2·dim) → (…, k)`` (an invariant
-    of the system's symmetries, as :class:`ScalarMLP`'s); ∇H is then autograd's."""
+    of the system's symmetries, as :class:`ScalarMLP`'s); ∇H is then J_φᵀ ∇MLP(φ) in closed form
+    where φ has ``input_vjp``, else autograd's."""
 
     def __init__(self, dim: int, *, width: int = 200, depth: int = 2, activation="tanh",
                  init: str = "orthogonal", features: Callable[[Tensor], Tensor] | None = None):
@@ -475,11 +519,13 @@ class HNN(Hamiltonian):
         return self.net(x if self.features is None else self.features(x)).squeeze(-1)
 
     def gradients(self, q, p, t=0.0):
-        if (self.features is not None or not self.net.closed_form_grad
+        if (not _vjp_of(self.features) or not self.net.closed_form_grad
                 or q.is_complex() or p.is_complex()):
             return super().gradients(q, p, t)       # autograd's (and its errors)
         _check_state(q, p, self.dim)
-        g = self.net.input_grad(torch.cat([q, p], -1))
+        x = torch.cat([q, p], -1)
+        g = (self.net.input_grad(x) if self.features is None
+             else _chain(self.features, self.net, x, 2 * self.dim))
         return g[..., :self.dim], g[..., self.dim:]
 
 
@@ -494,7 +540,8 @@ class SeparableHNN(SeparableHamiltonian):
     ``kinetic_features``, ``potential_features``: T_θ = MLP(φ_T(p)), V_θ = MLP(φ_V(q))
     (:class:`ScalarMLP`'s ``features``), e.g. ``potential_features=PairDistances(2, space_dim=2)``
     (|q₁ − q₂|) for a potential of two bodies in the plane that is invariant under translations
-    and rotations; that energy's forces are then autograd's."""
+    and rotations; that energy's forces are then in closed form too (``PairDistances.input_vjp``;
+    autograd's for a φ without ``input_vjp``)."""
 
     def __init__(self, dim: int, *, width: int = 200, depth: int = 2, activation="tanh",
                  init: str = "orthogonal", kinetic_features: Callable[[Tensor], Tensor] | None = None,
