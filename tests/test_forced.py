@@ -409,3 +409,33 @@ def test_damping_of_the_wrong_length_is_named_and_a_float_time_control_under_var
     S.control = lambda t: 0.3 * torch.sin(torch.as_tensor(t, dtype=DT)).reshape(-1, 1)
     tr = tgi.rollout(S, q0, p0, h=0.01, steps=10, method="implicit_midpoint", step_control=sigma)
     assert tr.q.shape == (11, 3, 1) and bool(torch.isfinite(tr.q).all())
+
+
+def test_forced_losses_leave_the_control_as_passed_and_refused_ones_not_at_all():
+    """A residual or derivative loss leaves on the model the control it was given (not its own
+    stacked (N, L − 1, k) values, which made the next rollout of another batch fail); a control
+    the losses refuse — a float, a tensor of the wrong shape, also inside a rollout loss — is
+    named clearly and the model's control before the call is back."""
+    from torchgeo_int.nn import (PortHamiltonianNN, finite_differences, forced_derivative_loss,
+                                 forced_residual_loss, forced_rollout_loss)
+    torch.manual_seed(0)
+    m = PortHamiltonianNN(1, n_controls=1)
+    q = p = torch.randn(16, 5, 1).cumsum(1) * 0.05
+    u = lambda t: torch.tensor([math.sin(t)])      # noqa: E731
+    forced_residual_loss(m, q, p, dt=0.1, control=u)
+    assert m.control is u
+    assert tgi.rollout(m, torch.randn(3, 1), torch.randn(3, 1), h=0.1, steps=2)[0].shape == (3, 3, 1)
+    dq, dp = finite_differences(q, p, 0.1)
+    held = torch.ones(16, 1)
+    forced_derivative_loss(m, q, p, dq, dp, control=held)
+    assert m.control is held
+    m.control = u
+    cases = [(lambda t: 0.3, TypeError, "got float from u"), (torch.ones(5, 1), ValueError, r"N = 16 windows.*got \(5, 1\)"),
+             (torch.tensor(0.3), ValueError, r"got \(\)"), (torch.ones(16, 4, 1), ValueError, r"got \(16, 4, 1\)")]
+    for bad, err, match in cases:
+        with pytest.raises(err, match=match):
+            forced_residual_loss(m, q, p, dt=0.1, control=bad)
+        assert m.control is u
+    with pytest.raises(ValueError, match="k = 1"):
+        forced_rollout_loss(m, q, p, dt=0.1, control=torch.ones(16, 2))
+    assert m.control is u

@@ -12,7 +12,8 @@ tangent (the forced cotangent-lift step, ``torchgeo_int.forced``).
 
 Losses (windows ``(N, L, n)`` as in :mod:`torchgeo_int.nn.losses`; ``control``: None, a tensor
 (N, k) held over each window, or a callable u(t) → (N, k) with t measured from each window's
-start; the losses set ``model.control`` and leave it set, for the implicit steps' backward):
+start; the losses set ``model.control`` to it and leave it set, for the implicit steps'
+backward; a control they refuse, or their own stacked values, never stays on the model):
 
 * :func:`forced_rollout_loss`   k steps of any integrator of the forced model against the data,
 * :func:`forced_residual_loss`  the forced eq. (20) residual of every observed pair (no solve),
@@ -20,6 +21,8 @@ start; the losses set ``model.control`` and leave it set, for the implicit steps
   differences): the dissipative-HNN baseline.
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch import nn
@@ -146,14 +149,26 @@ class PortHamiltonianNN(ForcedSystem):
         return (v * (self._damping_fn(q) @ v.unsqueeze(-1)).squeeze(-1)).sum(-1)
 
 
-def _set_control(model, control):
-    """Sets ``model.control`` and leaves it set: the implicit steps' backward passes evaluate the
-    field again after the loss returns, and must see the same control."""
+@contextlib.contextmanager
+def _control_set(model, control, leave=None):
+    """``model.control = control`` for the block, then ``leave`` (the control as the caller
+    passed it, or the model's own u(t)), which stays set: the implicit steps' backward passes
+    evaluate the field again after the loss returns, and must see the same control.  If the
+    block raises (a control of the wrong shape refused), the model's control before the call
+    is put back: a refused or internal (stacked) control never stays on the model."""
     if control is None:
+        yield
         return
     if not isinstance(model, ForcedSystem):
         raise TypeError(f"a control needs a ForcedSystem model, got {type(model).__name__}")
+    before = model.control
     model.control = control
+    try:
+        yield
+    except BaseException:
+        model.control = before
+        raise
+    model.control = control if leave is None else leave
 
 
 def forced_rollout_loss(model, q: Tensor, p: Tensor, *, dt: float, control=None, method="verlet",
@@ -170,9 +185,9 @@ def forced_rollout_loss(model, q: Tensor, p: Tensor, *, dt: float, control=None,
     check_placement(model, q, "q")
     check_int(substeps, "substeps", 1)
     k = q.shape[1] - 1
-    _set_control(model, control)
-    qs, ps = rollout(model, q[:, 0], p[:, 0], h=dt / substeps, steps=k * substeps,
-                     method=method, save_every=substeps, **rollout_options)
+    with _control_set(model, control):
+        qs, ps = rollout(model, q[:, 0], p[:, 0], h=dt / substeps, steps=k * substeps,
+                         method=method, save_every=substeps, **rollout_options)
     eq = qs[1:] - q[:, 1:].transpose(0, 1)
     ep = ps[1:] - p[:, 1:].transpose(0, 1)
     return 0.5 * ((eq * eq).mean() + (ep * ep).mean())
@@ -188,23 +203,30 @@ def _own_control(model, control):
     return own if callable(own) else None
 
 
-def _field_with_control(model, q, p, U, own):
-    """The forced field at (q, p), t = 0, with the stacked control U set on the model; the
-    model's own u(t) (``own``) is its control again afterwards."""
-    _set_control(model, U)
-    try:
+def _field_with_control(model, q, p, U, control):
+    """The forced field at (q, p), t = 0, with the stacked control U set on the model; then the
+    control as passed (or the model's own u(t)) is the model's control."""
+    with _control_set(model, U, control):
         return model.vector_field(q, p, 0.0)
-    finally:
-        if own is not None:
-            model.control = own
 
 
 def _stacked_control(control, times, like):
     """The control at each time of ``times`` as (N, len(times), k) (None stays None)."""
     if control is None:
         return None
-    us = [control(t) if callable(control) else control for t in times]
-    return torch.stack([u.expand(like.shape[0], u.shape[-1]) for u in us], 1)
+    N, stacked = like.shape[0], []
+    for t in times:
+        u = control(t) if callable(control) else control
+        if not isinstance(u, torch.Tensor):
+            raise TypeError(f"the control must be a tensor (k,) or (N, k) (N = {N} windows), or a "
+                            f"callable u(t) returning one; got {type(u).__name__}"
+                            + (f" from u({t:g})" if callable(control) else ""))
+        if u.dim() not in (1, 2) or (u.dim() == 2 and u.shape[0] not in (1, N)) or u.shape[-1] < 1:
+            raise ValueError(f"the control must have shape (k,) or (N, k) with N = {N} windows (one "
+                             f"per window, held over it), got {tuple(u.shape)}"
+                             + (f" from u({t:g})" if callable(control) else ""))
+        stacked.append(u.expand(N, u.shape[-1]))
+    return torch.stack(stacked, 1)
 
 
 def forced_residual_loss(model, q: Tensor, p: Tensor, *, dt: float, control=None,
@@ -220,7 +242,7 @@ def forced_residual_loss(model, q: Tensor, p: Tensor, *, dt: float, control=None
     control = control if own is None else own
     a = float(getattr(R, "alpha", 0.5))
     U = _stacked_control(control, [(j + a) * dt for j in range(q.shape[1] - 1)], q)
-    dq, dp = _field_with_control(model, base[..., :n], base[..., n:], U, own)
+    dq, dp = _field_with_control(model, base[..., :n], base[..., n:], U, control)
     r = tangent - dt * torch.cat([dq, dp], -1)
     return (r * r).mean() / (dt * dt)
 
@@ -240,6 +262,6 @@ def forced_derivative_loss(model, q: Tensor, p: Tensor, dq: Tensor, dp: Tensor, 
                              "pass dt")
         dt = check_nonzero(dt, "dt")
     U = _stacked_control(control, [j * dt if callable(control) else 0.0 for j in range(q.shape[1])], q)
-    fq, fp = _field_with_control(model, q, p, U, own)
+    fq, fp = _field_with_control(model, q, p, U, control)
     eq, ep = fq - dq, fp - dp
     return 0.5 * ((eq * eq).mean() + (ep * ep).mean())
