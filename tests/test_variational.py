@@ -485,3 +485,27 @@ def test_a_growing_velocity_hessian_does_not_stop_the_rollout(method):
         qs, ps = tgi.rollout(L, qc, pc, h=0.05, steps=40, method=method)
         qc, pc = qs[-1], ps[-1]
     assert torch.allclose(q[-1], qc, rtol=1e-9) and torch.allclose(p[-1], pc, rtol=1e-9)
+
+
+@pytest.mark.parametrize("V", [lambda q: (q * q).sum(-1, keepdim=True), lambda q: q * q],
+                         ids=["keepdim", "per-coordinate"])
+def test_a_potential_of_the_wrong_shape_is_refused_on_the_lagrangian_side_too(V):
+    """Lagrangian.mechanical / SecondOrderSystem.from_potential check V's shape as the
+    Hamiltonian side does: a keepdim V broadcast the energy to (B, B) (samples mixed, no error),
+    a per-coordinate one failed in energy with a raw size mismatch."""
+    q, v = torch.randn(3, 2, dtype=torch.float64), torch.randn(3, 2, dtype=torch.float64)
+    L = tgi.Lagrangian.mechanical(V)
+    for call in (lambda: L.energy(q, v), lambda: L.lagrangian(q, v),
+                 lambda: tgi.rollout(L, q, v, h=0.1, steps=2, method="variational_midpoint"),
+                 lambda: tgi.SecondOrderSystem.from_potential(V).energy(q, v),
+                 lambda: tgi.SecondOrderSystem.from_potential(V, potential_grad=lambda q: 2 * q).energy(q, v)):
+        with pytest.raises(ValueError, match="the potential .* must return one value per sample"):
+            call()
+
+
+def test_from_potential_refuses_a_negative_damping_as_forced_systems_do():
+    with pytest.raises(ValueError, match="a negative damping pumps energy in"):
+        tgi.SecondOrderSystem.from_potential(lambda q: (q * q).sum(-1), damping=-1.0)
+    with pytest.raises(ValueError, match="positive semidefinite"):
+        tgi.SecondOrderSystem.from_potential(lambda q: (q * q).sum(-1),
+                                             damping=torch.tensor([[1.0, 0.0], [0.0, -2.0]]))

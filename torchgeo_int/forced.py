@@ -59,7 +59,7 @@ from ._validate import (cannot_tell, check_finite, check_nonzero, check_pair, ch
                         timed_call)
 from .integrators.registry import register
 from .integrators.variational import VariationalIntegrator
-from .lagrangian import Lagrangian, SecondOrderSystem, ConstantMatrix
+from .lagrangian import Lagrangian, SecondOrderSystem, check_psd, constant_damping
 from .maps import AlphaMap
 from .systems import TIME_NAMES, ODESystem, System
 
@@ -90,19 +90,6 @@ def _arity(fn: Callable) -> int:
             break
         n += 1
     return n
-
-
-def _check_psd(C: Tensor, what: str) -> None:
-    """C (..., n, n) symmetric positive semidefinite to round-off, else ValueError."""
-    C = C.detach()
-    scale = float(C.abs().amax()) if C.numel() else 0.0
-    tol = 100 * torch.finfo(C.dtype).eps * max(scale, 1e-300) * C.shape[-1]
-    if float((C - C.mT).abs().amax()) > tol:
-        raise ValueError(f"{what} must be symmetric (a Rayleigh damping ½vᵀCv), got an asymmetric matrix")
-    low = float(torch.linalg.eigvalsh(C.double()).amin())
-    if low < -tol:
-        raise ValueError(f"{what} must be positive semidefinite (a damping dissipates energy), "
-                         f"got an eigenvalue {low:.3e} < 0; a negative damping pumps energy in")
 
 
 class ForcedSystem(System):
@@ -143,14 +130,7 @@ class ForcedSystem(System):
             if callable(damping):
                 self._damping_fn = damping
             else:
-                C = ConstantMatrix(damping, invertible=False, name="damping")
-                M = C.M
-                if C.kind == "full":
-                    _check_psd(M, "the damping matrix C")
-                elif bool((M < 0).any()):
-                    raise ValueError(f"the damping must be nonnegative (a damping dissipates "
-                                     f"energy), got {M.tolist()}; a negative damping pumps energy in")
-                self._damping_const = C
+                self._damping_const = constant_damping(damping)
         self._input_fn, self._input_const = None, None
         if input_map is not None:
             if callable(input_map):
@@ -196,7 +176,7 @@ class ForcedSystem(System):
             got = tuple(C.shape) if isinstance(C, torch.Tensor) else type(C).__name__
             raise ValueError(f"damping(q) must return (..., {q.shape[-1]}, {q.shape[-1]}), got {got}")
         if not self._damping_checked:
-            _check_psd(C, "damping(q)")
+            check_psd(C, "damping(q)")
             self._damping_checked = True
         return C
 

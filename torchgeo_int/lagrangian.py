@@ -29,7 +29,7 @@ from ._autograd import batch_jacobian, grad_inputs, reaches_other_leaves
 from ._validate import check_pair, find_singular, singular_threshold
 from .maps import AlphaMap, DiscretizationMap
 from .solvers import ConvergenceError, newton
-from .systems import SeparableHamiltonian, System, takes_time, grad_of
+from .systems import SeparableHamiltonian, System, check_energy, takes_time, grad_of
 
 Tensor = torch.Tensor
 
@@ -37,7 +37,33 @@ __all__ = ["SecondOrderSystem", "Lagrangian", "MechanicalLagrangian", "Degenerat
            "DiscreteLagrangian", "ComposedDiscreteLagrangian", "check_fractions"]
 
 
-# -- mass matrices --------------------------------------------------------------------------------
+# -- mass and damping matrices ---------------------------------------------------------------------
+
+def check_psd(C: Tensor, what: str) -> None:
+    """C (..., n, n) symmetric positive semidefinite to round-off, else ValueError."""
+    C = C.detach()
+    scale = float(C.abs().amax()) if C.numel() else 0.0
+    tol = 100 * torch.finfo(C.dtype).eps * max(scale, 1e-300) * C.shape[-1]
+    if float((C - C.mT).abs().amax()) > tol:
+        raise ValueError(f"{what} must be symmetric (a Rayleigh damping ½vᵀCv), got an asymmetric matrix")
+    low = float(torch.linalg.eigvalsh(C.double()).amin())
+    if low < -tol:
+        raise ValueError(f"{what} must be positive semidefinite (a damping dissipates energy), "
+                         f"got an eigenvalue {low:.3e} < 0; a negative damping pumps energy in")
+
+
+def constant_damping(damping) -> "ConstantMatrix":
+    """A constant Rayleigh damping C (a number, a vector: diagonal, or an (n, n) matrix),
+    checked: nonnegative, or symmetric positive semidefinite (a damping dissipates energy)."""
+    C = ConstantMatrix(damping, invertible=False, name="damping")
+    if C.kind == "full":
+        check_psd(C.M, "the damping matrix C")
+    elif bool((C.M < 0).any()):
+        raise ValueError(f"the damping must be nonnegative (a damping dissipates energy), got "
+                         f"{C.M.tolist()}; a negative damping pumps energy in")
+    return C
+
+
 class ConstantMatrix:
     """A constant linear operator on the coordinates: None (identity), a scalar, a vector
     (diagonal) or an (n, n) matrix.  As a mass (``invertible=True``) it is validated once (finite,
@@ -171,10 +197,12 @@ class SecondOrderSystem(System):
         ``damping`` C: None, a scalar, a vector (diagonal) or an (n, n) tensor."""
         if not callable(potential):
             raise TypeError("potential must be callable as potential(q)")
-        C = None if damping is None else ConstantMatrix(damping, invertible=False, name="damping")
+        C = None if damping is None else constant_damping(damping)
 
         def grad_V(q):
-            return potential_grad(q) if potential_grad is not None else grad_of(potential, (q,))[0]
+            if potential_grad is not None:
+                return potential_grad(q)
+            return grad_of(potential, (q,), "the potential", potential)[0]
 
         if C is None:
             def force(t, q):
@@ -185,7 +213,8 @@ class SecondOrderSystem(System):
         system = cls(force, mass)
 
         def energy(q, v, t=0.0):
-            return 0.5 * (v * system._mass.apply(v)).sum(-1) + potential(q)
+            V = check_energy(potential(q), q, "the potential", potential)
+            return 0.5 * (v * system._mass.apply(v)).sum(-1) + V
 
         system._energy = energy
         system.potential = potential
@@ -397,8 +426,12 @@ class MechanicalLagrangian(Lagrangian):
         self.potential, self.potential_grad = potential, potential_grad
         self._mass = ConstantMatrix(mass)
 
+    def _V(self, q):
+        # (one value per sample: a keepdim V broadcast ½vᵀMv − V to (B, B), mixing samples)
+        return check_energy(self.potential(q), q, "the potential", self.potential)
+
     def lagrangian(self, q, v, t=0.0):
-        return 0.5 * (v * self._mass.apply(v)).sum(-1) - self.potential(q)
+        return 0.5 * (v * self._mass.apply(v)).sum(-1) - self._V(q)
 
     def momentum_scale(self, q, v, t=0.0) -> Tensor:
         """max |M_ij|: the constant mass's scale (:meth:`Lagrangian.momentum_scale`)."""
@@ -407,7 +440,7 @@ class MechanicalLagrangian(Lagrangian):
     def grad_V(self, q):
         if self.potential_grad is not None:
             return self.potential_grad(q)
-        return grad_of(self.potential, (q,))[0]
+        return grad_of(self.potential, (q,), "the potential", self.potential)[0]
 
     def derivatives(self, q, v, t=0.0):
         return -self.grad_V(q), self._mass.apply(v)
@@ -431,7 +464,7 @@ class MechanicalLagrangian(Lagrangian):
         return self._mass.solve(p), -self.grad_V(q)
 
     def energy(self, q, p, t=0.0):
-        return 0.5 * (p * self._mass.solve(p)).sum(-1) + self.potential(q)
+        return 0.5 * (p * self._mass.solve(p)).sum(-1) + self._V(q)
 
     def hamiltonian_system(self) -> SeparableHamiltonian:
         """The Legendre-transformed H = ½pᵀM⁻¹p + V(q) as a SeparableHamiltonian."""
