@@ -222,3 +222,36 @@ def test_a_rattle_step_of_size_zero_is_the_identity():
     p0 = sphere.project(q0, torch.tensor([[0.0, 0.9, 0.3]], dtype=torch.float64))
     q, p = Rattle()(P, q0, p0, 0.0, 0.0)
     assert torch.equal(q, q0) and torch.equal(p, p0)
+
+
+@pytest.mark.parametrize("how", ["verlet", "implicit_midpoint", "rattle", "odeint", "step_control"])
+def test_the_methods_of_r3_are_refused_on_the_spherical_pendulum(how):
+    """SphericalPendulum is H in R³ with the constraint |q| = 1 kept by the sphere's RATTLE:
+    verlet (any method of R³) stepped it without the constraint, |q| reaching 12-16 in 50 steps,
+    with no error; odeint's options['hamiltonian'] and variable steps likewise.  Each is refused
+    naming manifolds.Rattle(); the constrained 'rattle' (ConstrainedSystem's) names it too."""
+    x = torch.tensor([[0.6, 0.0, -0.8]], dtype=torch.float64)
+    p = torch.tensor([[0.0, 1.0, 0.0]], dtype=torch.float64)
+    calls = {"verlet": lambda: tgi.rollout(PEND, x, p, h=0.1, steps=5, method="verlet"),
+             "implicit_midpoint": lambda: tgi.rollout(PEND, x, p, h=0.1, steps=5, method="implicit_midpoint"),
+             "rattle": lambda: tgi.rollout(PEND, x, p, h=0.1, steps=5, method="rattle"),
+             "odeint": lambda: tgi.odeint(None, torch.cat([x, p], -1), torch.linspace(0, 1, 3),
+                                          method="verlet", options=dict(hamiltonian=PEND)),
+             "step_control": lambda: tgi.rollout(PEND, x, p, h=0.1, steps=5, method="verlet",
+                                                 step_control=tgi.power_law_control(1.0))}
+    with pytest.raises((ValueError, TypeError), match=r"tgi\.manifolds\.Rattle\(\)"):
+        calls[how]()
+    q, _ = tgi.rollout(PEND, x, p, h=0.1, steps=50, method=Rattle())
+    assert (q.norm(dim=-1) - 1).abs().max() < 1e-12
+
+
+def test_rattle_checks_the_states_as_rollout_does():
+    """The sphere's RATTLE: q0, p0 of mixed dtypes (ran, returning mixed outputs), integers (a
+    raw torch.finfo error), 0-d (IndexError) and points of R² (blamed on the library's own
+    grad_V) are refused naming the problem."""
+    x, p = pendulum_initial()
+    cases = [((x.float(), p), TypeError, "same dtype"), ((x.long(), p.long()), TypeError, "floating"),
+             ((x[0, 0], p[0, 0]), ValueError, "at least 1 dim"), ((x[..., :2], p[..., :2]), ValueError, r"\(\.\.\., 3\)")]
+    for (q0, p0), err, match in cases:
+        with pytest.raises(err, match=match):
+            tgi.rollout(PEND, q0, p0, h=0.1, steps=3, method=Rattle())

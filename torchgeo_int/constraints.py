@@ -178,7 +178,9 @@ class ConstrainedSystem(System):
 
 def _constrained(system) -> ConstrainedSystem:
     if not isinstance(system, ConstrainedSystem):
-        raise TypeError(f"constrained integrators step a ConstrainedSystem, got {type(system).__name__}")
+        own = getattr(system, "stepped_by", None)
+        raise TypeError(f"constrained integrators step a ConstrainedSystem, got {type(system).__name__}"
+                        + (f", which is stepped by {own}" if own else ""))
     return system
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from .._cache import IdentityCache
-from .._validate import check_placement
+from .._validate import check_own_methods, check_placement
 from ..systems import Hamiltonian, VectorFieldSystem, check_energy, grad_of
 from .contract import perturbed
 from .methods import FIRST_ORDER_METHOD_NAMES
@@ -422,6 +422,7 @@ def partitioned_system(func, caller, state, options, t0=0.0):
             raise TypeError("options['hamiltonian'] must be callable as H(q, p) -> energy")
         if func is not None:
             raise ValueError("with options['hamiltonian'] pass func=None: the field is X_H")
+        check_own_methods(H, "odeint (its methods step H's flow in R^n)")
         # H sees the user's shapes here: its output is checked against them (one value per
         # sample; per-coordinate values would be summed by the gradient into another system)
         system = EnergySystem(lambda q, p: caller.scale(

@@ -42,7 +42,7 @@ from ..integrators import TABLES, Composition
 from ..integrators.base import ImplicitIntegrator, Integrator
 from ..integrators.registry import register
 from ..maps import check_alpha
-from .._validate import check_finite
+from .._validate import check_finite, check_pair
 from ..solvers import SolveOptions
 from . import so3
 from .lie import LieCotangentLift, LieGroupMap, SO3Group, Tau
@@ -325,8 +325,13 @@ class Rattle(Integrator):
 
     def check_state(self, system, q, p):
         _check_sphere_system(system)
-        if not (isinstance(q, torch.Tensor) and isinstance(p, torch.Tensor)) or q.shape != p.shape:
-            raise ValueError("q0 and p0 must be tensors of one shape (..., n+1)")
+        check_pair(q, p, ("q0", "p0"))      # (one shape, dtype and device: mixed dtypes ran)
+        if not q.is_floating_point():
+            raise TypeError(f"q0 and p0 must be floating point, got {q.dtype}")
+        dim = getattr(system, "space_dim", None)
+        if q.dim() == 0 or (dim is not None and q.shape[-1] != dim):
+            raise ValueError(f"q0 and p0 must have shape (..., {dim or 'n+1'}): points of the sphere "
+                             f"in R^{dim or 'n+1'} and their momenta, got {tuple(q.shape)}")
         check_finite(q, "q0")
         check_finite(p, "p0")
         if not q.numel():

@@ -309,7 +309,12 @@ class SphericalPendulum(SeparableHamiltonian):
         H(q, p) = |p|²/(2 m ℓ²) + m g₀ ℓ q₃    (q₃ up; the stable rest point is q = −e₃).
 
     Integrate it with :class:`~torchgeo_int.manifolds.integrators.Rattle` (the constraint |q| = 1,
-    q·p = 0 is kept exactly).  The vertical angular momentum (q × p)₃ is conserved."""
+    q·p = 0 is kept exactly).  The vertical angular momentum (q × p)₃ is conserved.  The methods
+    of R³ (``verlet``, …) would step H without the constraint (a falling particle, not this
+    pendulum): they are refused (``stepped_by``)."""
+
+    stepped_by = ("the sphere's RATTLE, method=tgi.manifolds.Rattle() (it keeps |q| = 1 and "
+                  "q·p = 0, which the methods of R³ drop)")
 
     def __init__(self, mass: float = 1.0, length: float = 1.0, gravity: float = 1.0):
         self.M = float(mass) * float(length) ** 2
@@ -326,6 +331,7 @@ class SphericalPendulum(SeparableHamiltonian):
                          kinetic_grad=lambda p: p / M, potential_grad=grad_V)
         self.mass_matrix = M   # T = |p|²/(2M): RATTLE's multipliers have closed forms
         self.radius = 1.0
+        self.space_dim = 3     # (q₃ is up: points of S² ⊂ R³)
 
     # -- the same system through the action of SO(3) on S² --------------------------------------
     def as_top(self) -> "HeavyTop":
