@@ -467,3 +467,14 @@ def test_average_acceleration_runs_at_any_step_on_a_stiff_oscillator(dtype, hw):
         q, v = tgi.rollout(osc, q0, v0, h=hw / w, steps=50, method="newmark_average_acceleration")
     E = 0.5 * v[-1] ** 2 + 0.5 * w * w * q[-1] ** 2
     assert float(E / (0.5 * w * w)) == pytest.approx(1.0, rel=1e-4 if dtype == torch.float32 else 1e-10)
+
+
+def test_a_force_written_without_t_first_is_refused():
+    """force(q, v) — the order of ForcedSystem's F(q, z) — was read as force(t=q, q=v): another
+    system integrated without an error (-3.72 where the damped oscillator is at -0.85)."""
+    for f in (lambda q, v: -q - 0.1 * v, lambda x, v, t: -x):
+        with pytest.raises(TypeError, match="takes t first"):
+            SecondOrderSystem(f)
+    S = SecondOrderSystem(lambda t, q, v: -q - 0.1 * v)
+    q, _ = tgi.rollout(S, torch.ones(1, 1), torch.zeros(1, 1), h=0.1, steps=30, method="sode_midpoint")
+    assert abs(float(q[-1]) + 0.85) < 0.01

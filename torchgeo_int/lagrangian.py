@@ -19,6 +19,7 @@ discrete Lagrangian generates (``ComposedDiscreteLagrangian.generate``) is their
 """
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from typing import Callable, Sequence
@@ -157,6 +158,21 @@ def _check_state(q, v, names=("q", "v")):
 
 
 # -- second-order systems -------------------------------------------------------------------------
+def _check_time_first(force) -> None:
+    """force(t, q[, v]) takes t first: a force written force(q, v) (the order of ForcedSystem's
+    F(q, z)) was read as force(t=q, q=v) and integrated another system without an error."""
+    try:
+        sig = inspect.signature(force.forward if isinstance(force, torch.nn.Module) else force)
+    except (TypeError, ValueError):
+        return
+    first = next((p.name for p in sig.parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)), None)
+    if first in ("q", "x", "v", "qdot", "q_dot", "dq", "z", "p"):
+        names = ", ".join(sig.parameters)
+        raise TypeError(f"force({names}): a SecondOrderSystem's force takes t first, force(t, q) or "
+                        f"force(t, q, v) (its {first!r} would be read as t)")
+
+
 class SecondOrderSystem(System):
     r"""The SODE Γ = v ∂_q + M⁻¹ f(t, q, v) ∂_v on TQ, i.e. q̈ = M⁻¹ f(t, q, q̇) (Sect. 4).
 
@@ -177,6 +193,7 @@ class SecondOrderSystem(System):
         super().__init__()
         if not callable(force):
             raise TypeError("force must be callable as force(t, q, v) or force(t, q)")
+        _check_time_first(force)
         takes_v = takes_time(force, 2, defaults_count=True)  # a third positional argument is v
         if not takes_v and not takes_time(force, 1, defaults_count=True):
             raise TypeError("force must be callable as force(t, q, v) or force(t, q)")
