@@ -109,7 +109,10 @@ class Worker:
         reader.join(self.timeout)
         if reader.is_alive():
             self.proc.kill()
-            reader.join()
+            reader.join(1)
+            # a grandchild may still hold the pipe: then the reader (a daemon) stays blocked in
+            # it, and closing the pipe under it would wait for it too
+            self._stuck = reader.is_alive()
             raise self._stopped(f"the worker process gave no answer in {self.timeout:g} s (killed)")
         line = answer[0] if answer else ""
         if not line:
@@ -132,7 +135,7 @@ class Worker:
                 self.proc.kill()
                 self.proc.wait()
         for f in (self.proc.stdin, self.proc.stdout):
-            if not f.closed:
+            if not f.closed and not (f is self.proc.stdout and getattr(self, "_stuck", False)):
                 f.close()
         if not self.log.closed:
             self.log.close()

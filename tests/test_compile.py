@@ -1055,3 +1055,54 @@ def test_newton_through_a_compiled_field_under_grad_mode_runs_eagerly(monkeypatc
     assert (q - qe).abs().max() < 1e-12
     with hooks():        # not left disabled
         pass
+
+
+def test_another_threads_flag_does_not_reach_newton_through_a_compiled_field(monkeypatch):
+    """systems.TRACE_FUNC_GRAD is one flag for the process: while thread A runs a compiled
+    explicit step under grad mode (flag up, under _compile._TRACE_LOCK), thread B's Newton
+    through a compiled field must not trace with it up (backward="unroll" then failed with
+    "does not support double backward").  B waits for the lock: the flag is down when its
+    compiled call runs, and its gradient is eager's."""
+    import threading
+
+    from torchgeo_int import systems
+
+    monkeypatch.setattr(_compile, "FIELDS_MIN", 1)
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.tensor([1.0, 0.3], dtype=torch.float64))
+    H = lambda q, p: (0.5 * (p * p).sum(-1) * (1 + 0.1 * (q * q).sum(-1))  # noqa: E731
+                      + w[0] * 0.5 * (q * q).sum(-1) + w[1] * (q ** 4).sum(-1))
+    q0, p0 = torch.randn(8, 2, dtype=torch.float64), torch.randn(8, 2, dtype=torch.float64)
+    method = tgi.METHODS["implicit_midpoint"].with_options(solver="newton", backward="unroll")
+
+    def newton(compile):
+        q, p = tgi.rollout(tgi.Hamiltonian(H), q0, p0, h=0.1, steps=3, method=method, compile=compile)
+        return torch.autograd.grad(q.square().mean() + p.square().mean(), [w])[0]
+
+    eager = newton(False)
+    seen, b_in, held = [], threading.Event(), threading.Event()
+    real = _compile.CompiledStep._guarded
+
+    def spy(self, run, eager, hooked=False):    # the flag as B's compiled call starts
+        seen.append(systems.TRACE_FUNC_GRAD)
+        b_in.set()
+        return real(self, run, eager, hooked)
+    monkeypatch.setattr(_compile.CompiledStep, "_guarded", spy)
+
+    def a():                                    # a step of A in progress: lock held, flag up
+        with _compile._TRACE_LOCK:
+            systems.TRACE_FUNC_GRAD = True
+            held.set()
+            b_in.wait(1)                        # (B cannot come in while the lock is held)
+            systems.TRACE_FUNC_GRAD = False
+    got = {}
+
+    def b():
+        held.wait(10)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got["g"] = newton(True)
+    A, B = threading.Thread(target=a), threading.Thread(target=b)
+    A.start(), B.start()
+    A.join(60), B.join(60)
+    assert seen and not any(seen) and (got["g"] - eager).abs().max() < 1e-12

@@ -891,3 +891,19 @@ def test_features_with_a_vjp_give_closed_form_forces():
 
     with pytest.raises(ValueError, match=r"input_vjp\(x, g\) must give .* shape \(6, 4\), got \(6, 1\)"):
         ScalarMLP(4, features=Wrong(), **TINY).input_grad(q)
+
+    # a φ whose map is not the one its vjp differentiates keeps autograd's forces: a subclass
+    # that changes forward and inherits input_vjp, a forward hook on φ (forces were off by 0.4)
+    class Inverse(tgi.nn.PairDistances):
+        def forward(self, q):
+            return 1 / super().forward(q)
+
+    hooked = tgi.nn.PairDistances(2, 2)
+    hooked.register_forward_hook(lambda mod, args, out: out * out)
+    for phi in (Inverse(2, 2), hooked):
+        V = ScalarMLP(4, features=phi, **TINY)
+        assert not V.closed_form_grad
+        model = tgi.SeparableHamiltonian(None, V, mass=1.0)
+        qq = q.clone().requires_grad_()
+        ref, = torch.autograd.grad(V(qq).sum(), qq)
+        assert torch.allclose(model.force_term(q), ref, rtol=1e-12, atol=1e-14)

@@ -223,7 +223,10 @@ def row_major_state(x):
     return out.reshape(x.shape)
 
 
-#: held while systems.TRACE_FUNC_GRAD is set (CompiledStep.step under grad mode)
+#: held while systems.TRACE_FUNC_GRAD is set (CompiledStep.step under grad mode), and while a
+#: compiled vector field is traced inside Newton (which turns grad on), so that no thread's
+#: trace under grad mode sees another's flag (the fused iterations and the blocks and loops
+#: trace without grad, where the flag is not read)
 _TRACE_LOCK = threading.RLock()
 
 
@@ -783,7 +786,7 @@ class CompiledStep(Stepper):
             return "fused" if k.fused is not None and not k.fuse_failed else "fields"
         return "blocks" if self.block > 1 else "step"
 
-    def _guarded(self, run, eager):
+    def _guarded(self, run, eager, hooked=False):
         """The compiled call; if it fails and the eager step does not, compilation is turned off
         for this (integrator, system) with a warning, and the eager result returned.  Failures of
         the step itself (a ConvergenceError, bad shapes) come out of the eager step."""
@@ -802,7 +805,7 @@ class CompiledStep(Stepper):
             self.kernels.failed = _why(err)
             hooks = (" (saved-tensor hooks are active — grad='checkpoint', save_on_cpu — and "
                      "torch.func.grad, which forces by autograd compile to, refuses them)"
-                     if torch.is_grad_enabled() and systems.saved_tensor_hooks_active() else "")
+                     if hooked else "")
             warnings.warn(f"compile=True: could not compile the step of {self.kernels.name!r} "
                           f"({self.kernels.failed}){hooks}; running it eagerly", stacklevel=4)
             return out
@@ -828,7 +831,8 @@ class CompiledStep(Stepper):
                 return self._implicit(system, q, p, t, h, cache, carry)
             if q.numel() < FIELDS_MIN:
                 return eager()
-            return self._guarded(lambda: self.integrator.step(k.proxy, q, p, t, h, cache), eager)
+            with _TRACE_LOCK:   # (Newton may turn grad on: no other thread's flag up while it traces)
+                return self._guarded(lambda: self.integrator.step(k.proxy, q, p, t, h, cache), eager)
         n = 1 if torch.is_grad_enabled() else self.block
         if n > 1:
             if q.numel() * n > LOOKAHEAD_MAX:
@@ -844,13 +848,13 @@ class CompiledStep(Stepper):
         if not torch.is_grad_enabled():
             return self._guarded(lambda: k.run_block(1, False, q, p, force, self._time(t, q), h), eager)
         with _TRACE_LOCK:    # (another thread's flag must not reach this trace: hooks are per thread)
-            systems.TRACE_FUNC_GRAD = not systems.saved_tensor_hooks_active()
+            hooked = systems.saved_tensor_hooks_active()
+            systems.TRACE_FUNC_GRAD = not hooked
             try:
                 return self._guarded(lambda: k.run_block(1, False, q, p, force, self._time(t, q), h),
-                                     eager)
+                                     eager, hooked=hooked)
             finally:
                 systems.TRACE_FUNC_GRAD = False
-        return _Block(out[0], out[1], _row_major(out[4])).next()
 
     def _implicit(self, system, q, p, t, h, cache, carry=None):
         """A fixed-point implicit step.  Checked (``fused``: the iterations between two checks

@@ -301,13 +301,14 @@ def _refusal(why: str, method: str = "input_grad") -> ValueError:
         + ("gradient with torch.autograd.grad" if first else "Hessian with torch.func.hessian"))
 
 
-def _own_pair(cls) -> bool:
-    """Whether the class of ``cls``'s MRO that defines ``input_grad`` defines
-    ``input_grad_hessian`` too: a subclass that redefines the gradient (another function) and
-    inherits the Hessian would pair a Hessian with the wrong gradient."""
+def _own_pair(cls, first: str = "input_grad", second: str = "input_grad_hessian") -> bool:
+    """Whether the class of ``cls``'s MRO that defines ``first`` defines ``second`` too: a
+    subclass that redefines the gradient (another function) and inherits the Hessian would
+    pair a Hessian with the wrong gradient (likewise a feature map's ``input_vjp`` with its
+    ``forward``)."""
     for c in cls.__mro__:
-        if "input_grad" in c.__dict__:
-            return "input_grad_hessian" in c.__dict__
+        if first in c.__dict__:
+            return second in c.__dict__
     return False
 
 class ScalarMLP(nn.Module):
@@ -409,14 +410,15 @@ class PairDistances(nn.Module):
         points coincide, as the norm's gradient there), in plain tensor operations: the
         features' half of a closed-form force (:class:`ScalarMLP`'s ``features``)."""
         x = q.unflatten(-1, (self.bodies, self.space_dim))
-        d = x[..., self.i, :] - x[..., self.j, :]                   # (…, pairs, space_dim)
+        i, j = self.i.to(q.device), self.j.to(q.device)   # (index_add wants them on q's device)
+        d = x[..., i, :] - x[..., j, :]                             # (…, pairs, space_dim)
         r = d.norm(dim=-1, keepdim=True)
         # (d = 0 where r = 0: w = 0 there, and no 0/0 for a backward to meet)
         w = g.unsqueeze(-1) * d / torch.where(r > 0, r, torch.ones_like(r))
         if self.bodies == 2:                                       # one pair: +w, −w
             return torch.cat([w, -w], -2).flatten(-2)
         out = torch.zeros_like(x)
-        out = out.index_add(-2, self.i, w).index_add(-2, self.j, -w)
+        out = out.index_add(-2, i, w).index_add(-2, j, -w)
         return out.flatten(-2)
 
     def extra_repr(self) -> str:
@@ -434,8 +436,17 @@ def _set_features(module: nn.Module, features) -> None:
 
 def _vjp_of(features) -> bool:
     """Whether a network of ``features`` can give its input gradient in closed form: none, or
-    a φ with ``input_vjp(x, g)`` (J_φ(x)ᵀ g)."""
-    return features is None or callable(getattr(features, "input_vjp", None))
+    a φ with ``input_vjp(x, g)`` (J_φ(x)ᵀ g) that differentiates what φ computes now: the class
+    that defines its ``forward`` (``__call__`` for a plain callable) defines ``input_vjp`` too,
+    so a subclass that changes the map and inherits the vjp does not count, and, for a module,
+    no forward hooks (which may change its output)."""
+    if features is None:
+        return True
+    if not callable(getattr(features, "input_vjp", None)):
+        return False
+    if isinstance(features, nn.Module):
+        return not _hooked(features) and _own_pair(type(features), "forward", "input_vjp")
+    return _own_pair(type(features), "__call__", "input_vjp")
 
 
 def _chain(features, net, x: Tensor, dim: int) -> Tensor:
