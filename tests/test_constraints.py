@@ -328,3 +328,12 @@ def test_initial_state_checks_are_unit_free_and_reach_compositions():
     assert tgi.Composition([Rattle()] * 3, TJ).order == 4
     assert tgi.ConstrainedVariationalIntegrator([tgi.MidpointMap()] * 3, TJ).order == 2
     assert tgi.ConstrainedVariationalIntegrator([tgi.AlphaMap(0.3)] * 2, [0.5, 0.5]).order == 1
+
+
+@pytest.mark.parametrize("method", ["rattle", "constrained_midpoint", "constrained_variational_verlet"])
+def test_an_empty_batch_rolls_out_to_empty_states(method):
+    """B = 0 failed in the state check with a raw max() error; other systems return empty rows."""
+    C = tgi.ConstrainedSystem(tgi.Lagrangian.mechanical(lambda q: q[..., 1]),
+                              lambda q: (q * q).sum(-1, keepdim=True) - 1)
+    q, p = tgi.rollout(C, torch.zeros(0, 2), torch.zeros(0, 2), h=0.1, steps=3, method=method)
+    assert q.shape == p.shape == (4, 0, 2)

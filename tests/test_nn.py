@@ -907,3 +907,14 @@ def test_features_with_a_vjp_give_closed_form_forces():
         qq = q.clone().requires_grad_()
         ref, = torch.autograd.grad(V(qq).sum(), qq)
         assert torch.allclose(model.force_term(q), ref, rtol=1e-12, atol=1e-14)
+
+
+def test_losses_refuse_empty_data():
+    """N = 0 windows gave a NaN loss without an error (and TrajectoryFit failed later, in
+    torch.cat); now each names the empty tensor."""
+    m = SeparableHNN(1, **TINY)
+    z = torch.zeros(0, 5, 1)
+    for call in (lambda: tgi.nn.rollout_loss(m, z, z, dt=0.1), lambda: tgi.nn.residual_loss(m, z, z, dt=0.1),
+                 lambda: tgi.nn.derivative_loss(m, z, z, z, z), lambda: tgi.nn.TrajectoryFit(m, z, z, dt=0.1)):
+        with pytest.raises(ValueError, match=r"q holds no data \(shape \(0, 5, 1\)\)"):
+            call()

@@ -155,6 +155,8 @@ class ConstrainedSystem(System):
         check_pair(q, p, ("q0", "p0"))
         check_finite(q, "q0")
         check_finite(p, "p0")
+        if not q.numel():       # an empty batch: nothing off the constraint (as other systems)
+            return
         self.check_rank(q)
         with torch.no_grad():
             tol = torch.finfo(q.dtype).eps ** 0.5

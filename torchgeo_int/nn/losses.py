@@ -48,6 +48,9 @@ def check_data(*tensors: Tensor, names: tuple[str, ...], ndim: int | None = None
             raise ValueError(f"{name} requires grad (it carries the graph of whatever produced it, "
                              f"a teacher model's rollout?): training would backpropagate into it "
                              f"and fail at the second step; pass {name}.detach()")
+        if x.numel() == 0:
+            raise ValueError(f"{name} holds no data (shape {tuple(x.shape)}): a loss or a metric "
+                             "over none is NaN")
         if min_len is not None and x.shape[1] < min_len:
             raise ValueError(f"{name} needs at least {min_len} states along dim 1 (time), "
                              f"got shape {tuple(x.shape)}")
