@@ -380,3 +380,14 @@ def test_until_is_checked_as_a_time():
         a = tgi.adaptive_rollout(H, q0, p0, eps=0.05, until=torch.tensor(2.0))   # 0-d: a time
         b = tgi.adaptive_rollout(H, q0, p0, eps=0.05, until=2.0)
     assert torch.equal(a.t, b.t) and bool((a.t[-1] >= 2.0).all())
+
+
+@pytest.mark.parametrize("method", ["newmark_average_acceleration", "sode_midpoint", "variational_verlet"])
+def test_variable_steps_refuse_methods_that_step_a_systems_own_structure(method):
+    """step_control with a second-order or variational method failed inside the step naming the
+    internal _TimeScaled ("pass a SecondOrderSystem, got _TimeScaled"): refused up front."""
+    system = (tgi.SecondOrderSystem(lambda t, q: -q) if method != "variational_verlet"
+              else tgi.Lagrangian.mechanical(lambda q: (q * q).sum(-1)))
+    with pytest.raises(ValueError, match=f"{method}.*does not step: use a Hamiltonian method"):
+        tgi.rollout(system, torch.randn(3, 2), torch.randn(3, 2), h=0.1, steps=4, method=method,
+                    step_control=tgi.power_law_control(1.0))

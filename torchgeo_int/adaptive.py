@@ -79,6 +79,7 @@ import torch
 from ._validate import (broadcasts_to, check_finite, check_int, check_nonzero, check_own_methods,
                         check_pair, check_placement, check_real, check_scalar)
 from .integrators import METHODS, TABLES, Composition, get_method
+from .integrators.registry import STATES, family_of
 from .gradients import SegmentFunction, check_reconstruction, reverse_sweep
 from .integrators.base import explicit_splitting
 from .solvers import ConvergenceError, default_tol, first_order_only
@@ -619,6 +620,14 @@ def adaptive_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, control: Ste
                          "size, which a ConstrainedSystem (stepped by Rattle or a constrained "
                          "variational method through its multipliers) does not have; use fixed "
                          "steps")
+    family = family_of(integrator.name) if isinstance(getattr(integrator, "name", None), str) else None
+    if family in ("sode", "variational", "forced", "constrained", "lie"):
+        # their steps read the system's own structure (a Lagrangian, a force, multipliers, a
+        # group), which the rescaled field s·f of variable steps does not have
+        raise ValueError(f"reversible variable steps (step_control) rescale the system's vector "
+                         f"field, which {integrator.name!r} (a {family} method: {STATES[family]}) "
+                         "does not step: use a Hamiltonian method (verlet, yoshida4, "
+                         "implicit_midpoint, …) or fixed steps")
     if not getattr(integrator, "symmetric", False) or getattr(integrator, "first_order", False):
         raise ValueError(
             f"reversible step control needs a symmetric method of (q, p) (verlet, yoshida4, "
