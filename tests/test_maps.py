@@ -299,3 +299,11 @@ def test_bundle_maps_refuse_odd_points_and_bad_points_are_named():
         with pytest.raises(RuntimeError, match="inference_mode.*no_grad"):
             tgi.TangentLift(R)(torch.randn(2, 4), torch.randn(2, 4))
     assert R.check(torch.zeros(0, 2)) == {"i": 0.0, "ii": 0.0}
+
+
+def test_a_retraction_that_returns_another_shape_is_refused():
+    """R_x(v) is a point of x's shape: a retraction that reduced it ran silently ((4,) tensors)
+    and, in a rollout, surfaced as Newton's "too far apart"."""
+    R = tgi.RetractionMap(lambda x, v: (x + v).sum(-1), alpha=0.5)
+    with pytest.raises(ValueError, match=r"returned \(4,\) for points x of shape \(4, 2\)"):
+        R(torch.randn(4, 2), torch.randn(4, 2))

@@ -620,6 +620,13 @@ def adaptive_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, control: Ste
                          "size, which a ConstrainedSystem (stepped by Rattle or a constrained "
                          "variational method through its multipliers) does not have; use fixed "
                          "steps")
+    if not getattr(integrator, "symmetric", False) or getattr(integrator, "first_order", False):
+        raise ValueError(
+            f"reversible step control needs a symmetric method of (q, p) (verlet, yoshida4, "
+            f"suzuki4, ..., implicit_midpoint and its compositions): {integrator.name!r} is not "
+            f"symmetric (its −h step does not invert it), so the variable-step map would not be "
+            f"time-reversible")
+    batch = _check_state(system, q0, p0, state_dims)
     family = family_of(integrator.name) if isinstance(getattr(integrator, "name", None), str) else None
     if family in ("sode", "variational", "forced", "constrained", "lie"):
         # their steps read the system's own structure (a Lagrangian, a force, multipliers, a
@@ -628,13 +635,6 @@ def adaptive_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, control: Ste
                          f"field, which {integrator.name!r} (a {family} method: {STATES[family]}) "
                          "does not step: use a Hamiltonian method (verlet, yoshida4, "
                          "implicit_midpoint, …) or fixed steps")
-    if not getattr(integrator, "symmetric", False) or getattr(integrator, "first_order", False):
-        raise ValueError(
-            f"reversible step control needs a symmetric method of (q, p) (verlet, yoshida4, "
-            f"suzuki4, ..., implicit_midpoint and its compositions): {integrator.name!r} is not "
-            f"symmetric (its −h step does not invert it), so the variable-step map would not be "
-            f"time-reversible")
-    batch = _check_state(system, q0, p0, state_dims)
     eps = check_nonzero(eps, "eps", "fictive step")
     if (steps is None) == (until is None):
         raise ValueError("pass exactly one of steps= (a number of steps) and until= (an end time)")

@@ -368,7 +368,17 @@ class RetractionMap(DiscretizationMap):
 
     def _forward(self, x, v):
         a = self.alpha
-        return self.retraction(x, -a * v), self.retraction(x, (1.0 - a) * v)
+        return self._retract(x, -a * v), self._retract(x, (1.0 - a) * v)
+
+    def _retract(self, x, v):
+        y = self.retraction(x, v)
+        # (a point of another shape broadcast, or reached Newton's inverse as "too far apart")
+        if not isinstance(y, Tensor) or y.shape != x.shape:
+            got = tuple(y.shape) if isinstance(y, Tensor) else type(y).__name__
+            raise ValueError(f"the retraction {getattr(self.retraction, '__name__', self.retraction)} "
+                             f"returned {got} for points x of shape {tuple(x.shape)}: R_x(v) is a "
+                             "point, of x's shape")
+        return y
 
     def _inverse(self, x0, x1):
         if self._closed_inverse is None:
