@@ -359,3 +359,33 @@ def test_trajectory_fit_method_step_control_and_series_h_checked_at_construction
     for h, err in ((0.0, ValueError), ("0.3", TypeError), (float("inf"), ValueError)):
         with pytest.raises(err, match="h must be"):
             tgi.nn.CorrectedHamiltonian(H, "verlet", h)
+
+
+def test_newcomer_audit_misuses_are_named():
+    """Misuses an outside newcomer audit found running or failing deep inside: a non-symmetric
+    mass (½vᵀMv sees only its symmetric part), a negative mass in a ConstrainedSystem (reported
+    as a lost constraint rank), a negative or NaN mass / stiffness of the tops, a method name
+    where a composition takes Integrators, fields that cannot take (t, x) / (t, q, p) (refused
+    at the first step with Python's arity message), a step-size density returning a float."""
+    M = tgi.manifolds
+    cases = [
+        (lambda: tgi.SecondOrderSystem(lambda t, q: -q, torch.tensor([[2.0, 1.0], [0.0, 2.0]])),
+         ValueError, "mass matrix must be symmetric"),
+        (lambda: tgi.ConstrainedSystem(tgi.Lagrangian.mechanical(lambda q: q[..., 1], -1.0),
+                                       lambda q: (q * q).sum(-1, keepdim=True) - 1),
+         ValueError, "positive definite mass"),
+        (lambda: M.HeavyTop(torch.ones(3), mass=-1.0), ValueError, "mass must be a finite number > 0"),
+        (lambda: M.HeavyTop(torch.ones(3), mass=float("nan")), ValueError, "mass must be a finite"),
+        (lambda: M.SpringTop(torch.ones(3), stiffness=-1.0), ValueError, "stiffness must be a finite number >= 0"),
+        (lambda: tgi.Composition("verlet", [0.5, 0.5]), TypeError, "methods are Integrators"),
+        (lambda: tgi.ODESystem(lambda x: -x), TypeError, r"f\(t, x\) -> dx \(2 positional"),
+        (lambda: tgi.VectorFieldSystem(lambda q, p: (p, -q)), TypeError, r"f\(t, q, p\)"),
+        (lambda: tgi.rollout(tgi.SeparableHamiltonian(lambda p: (p * p).sum(-1) / 2, lambda q: (q * q).sum(-1) / 2),
+                             torch.randn(3, 2), torch.randn(3, 2), h=0.1, steps=3,
+                             step_control=lambda q, p: 1.0), TypeError, "sigma must return a tensor"),
+    ]
+    for call, err, match in cases:
+        with pytest.raises(err, match=match):
+            call()
+    # an indefinite but regular, symmetric mass stays a Lagrangian (tested with its steps elsewhere)
+    tgi.Lagrangian.mechanical(lambda q: (q * q).sum(-1), torch.tensor([[0.0, 1.0], [1.0, 0.0]]))

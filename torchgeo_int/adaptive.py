@@ -660,6 +660,10 @@ def adaptive_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, control: Ste
         if not bool(((until - t) * eps > 0).all()):
             raise ValueError(f"until = {until} is not ahead of t0 in the direction of eps = {eps}")
     sigma0 = control(q0, p0)
+    if not isinstance(sigma0, Tensor):
+        raise TypeError(f"sigma must return a tensor of the batch shape {tuple(batch)} (one density "
+                        f"per sample, written with torch operations on q, p), got "
+                        f"{type(sigma0).__name__}")
     if tuple(sigma0.shape) != tuple(batch):
         raise ValueError(f"sigma returned shape {tuple(sigma0.shape)}, expected the batch shape "
                          f"{tuple(batch)}")

@@ -75,6 +75,13 @@ class ConstrainedSystem(System):
                             f"Lagrangian.mechanical(V, M)), got {type(lagrangian).__name__}")
         if not callable(constraint):
             raise TypeError("constraint must be callable as g(q) -> (..., m)")
+        M = lagrangian._mass.M
+        if M is not None:   # (the multipliers solve G M⁻¹ Gᵀ μ = …: a negative mass made it
+            # singular, reported as a lost constraint rank)
+            low = float(M.double().min() if M.dim() < 2 else torch.linalg.eigvalsh(M.double()).min())
+            if low <= 0:
+                raise ValueError(f"a ConstrainedSystem needs a positive definite mass (its "
+                                 f"multipliers solve G M⁻¹ Gᵀ μ = r), got {M.tolist()}")
         self.lagrangian = lagrangian
         self.g = constraint
 

@@ -114,6 +114,10 @@ class ConstantMatrix:
         if not math.isfinite(cond) or cond >= singular_threshold(mass.shape[0], mass.dtype):
             raise ValueError(f"the {name} matrix is singular (condition number {cond:.3e}); "
                              "q̈ = M⁻¹f needs an invertible M")
+        if name == "mass" and float((mass - mass.mT).abs().max()) > 100 * torch.finfo(mass.dtype).eps * self.scale:
+            # (½vᵀMv sees only the symmetric part: p = Mv would not be ∂L/∂v; indefinite but
+            # regular masses, [[0, 1], [1, 0]], are Lagrangians too)
+            raise ValueError(f"the mass matrix must be symmetric, got {mass.tolist()}")
         self.Minv = torch.linalg.inv(self.M.double())
 
     @property

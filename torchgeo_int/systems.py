@@ -52,6 +52,19 @@ def takes_time(fn: Callable, n_state_args: int, *, defaults_count: bool = False)
     return defaults_count or nxt.default is nxt.empty or nxt.name in TIME_NAMES
 
 
+def _check_arity(fn: Callable, n: int, form: str) -> None:
+    """A field that cannot take n positional arguments is refused when the system is built
+    (it failed at the first step, with Python's arity message)."""
+    try:
+        sig = inspect.signature(fn.forward if isinstance(fn, nn.Module) else fn)
+        sig.bind(*range(n))
+    except ValueError:      # no signature to read (a builtin): taken as it is
+        return
+    except TypeError:
+        raise TypeError(f"the field {_fn_name(fn)} must be callable as {form} ({n} positional "
+                        f"arguments), got the signature {sig}") from None
+
+
 def _fn_name(fn) -> str:
     """How the user's function is called in error messages."""
     name = getattr(fn, "__qualname__", None) or type(fn).__name__
@@ -446,6 +459,7 @@ class VectorFieldSystem(System):
         super().__init__()
         if not callable(f):
             raise TypeError("f must be callable as f(t, q, p) -> (dq, dp)")
+        _check_arity(f, 3, "f(t, q, p) -> (dq, dp)")
         self.f = f
         self.separable = bool(separable)
 
@@ -480,6 +494,7 @@ class ODESystem(System):
         super().__init__()
         if not callable(f):
             raise TypeError("f must be callable as f(t, x) -> dx")
+        _check_arity(f, 2, "f(t, x) -> dx")
         self.f = f
 
     def vector_field(self, x, p=None, t=0.0):

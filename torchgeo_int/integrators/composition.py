@@ -136,6 +136,10 @@ class Composition(Integrator):
         methods = list(methods) if isinstance(methods, (list, tuple)) else [methods] * len(gammas)
         if len(methods) != len(gammas) or not gammas:
             raise ValueError("need one step fraction per method (and at least one)")
+        for m in methods:
+            if not isinstance(m, Integrator):
+                raise TypeError(f"a composition's methods are Integrators (e.g. "
+                                f"tgi.METHODS['verlet']), got {type(m).__name__} {m!r}"[:300])
         if not all(math.isfinite(g) for g in gammas):     # NaN passes the sum test below
             raise ValueError(f"step fractions must be finite, got {gammas}")
         if abs(math.fsum(gammas) - 1.0) > 1e-12:

@@ -199,6 +199,8 @@ class HeavyTop(RigidBody):
     """
 
     def __init__(self, inertia, *, mass: float = 1.0, gravity: float = 1.0, com=(0.0, 0.0, 1.0)):
+        check_real(mass, "mass", 0.0, lo_open=True)
+        check_real(gravity, "gravity", 0.0)
         self.mgl = float(mass) * float(gravity)
         chi = torch.as_tensor(com, dtype=torch.get_default_dtype())
         if chi.shape != (3,):
@@ -241,6 +243,8 @@ class SpringTop(RigidBody):
         if I.dim() == 2 and not bool(torch.allclose(I, torch.diag(torch.diagonal(I)))):
             raise ValueError("SpringTop takes principal moments (a diagonal inertia)")
         check_real(mass, "mass", 0.0, lo_open=True)
+        check_real(gravity, "gravity", 0.0)
+        check_real(stiffness, "stiffness", 0.0)
         self.m, self.g0, self.k = float(mass), float(gravity), float(stiffness)
         a = torch.as_tensor(attach, dtype=torch.get_default_dtype())
         # the moments are registered as given (a Parameter stays one: fitted, it moves the body);
