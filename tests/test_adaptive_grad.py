@@ -83,7 +83,7 @@ def test_rollout_step_control_refusals():
     with pytest.raises(ValueError, match="compile=True"):
         tgi.rollout(H, q0, p0, h=0.05, steps=5, step_control=ctl, compile=True)
     with pytest.raises(ValueError, match="first-order"):
-        tgi.rollout(tgi.VectorFieldSystem(lambda t, x: -x), q0, h=0.05, steps=5, method="euler",
+        tgi.rollout(tgi.ODESystem(lambda t, x: -x), q0, h=0.05, steps=5, method="euler",
                     step_control=ctl)
     with pytest.raises(ValueError, match="fictive step"):
         tgi.rollout(H, q0, p0, h=0.0, steps=5, step_control=ctl)

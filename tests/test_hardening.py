@@ -389,3 +389,21 @@ def test_newcomer_audit_misuses_are_named():
             call()
     # an indefinite but regular, symmetric mass stays a Lagrangian (tested with its steps elsewhere)
     tgi.Lagrangian.mechanical(lambda q: (q * q).sum(-1), torch.tensor([[0.0, 1.0], [1.0, 0.0]]))
+
+
+def test_a_wider_gradient_dtype_and_a_degenerate_sode_are_named():
+    """A float64 potential_grad on float32 states promoted the states (verlet) or failed inside
+    the implicit solve ("fn output 0 must match z0"); a narrower one (autocast) is the state's
+    once added.  A degenerate Lagrangian's .sode() raised torch's raw LinAlgError."""
+    H = tgi.SeparableHamiltonian(lambda p: (p * p).sum(-1) / 2, lambda q: (q * q).sum(-1) / 2,
+                                 potential_grad=lambda q: q.double())
+    q0, p0 = torch.randn(2, 2, dtype=torch.float32), torch.randn(2, 2, dtype=torch.float32)
+    for method in ("verlet", "implicit_midpoint"):
+        with pytest.raises(TypeError, match="returned torch.float64 for an input of torch.float32"):
+            tgi.rollout(H, q0, p0, h=0.1, steps=2, method=method)
+    narrow = tgi.SeparableHamiltonian(lambda p: (p * p).sum(-1) / 2, lambda q: (q * q).sum(-1) / 2,
+                                      potential_grad=lambda q: q.bfloat16())
+    assert tgi.rollout(narrow, q0, p0, h=0.1, steps=2)[0].dtype == torch.float32
+    L = tgi.Lagrangian(lambda q, v: v[..., 0] - (q * q).sum(-1))      # linear in v: degenerate
+    with pytest.raises(tgi.DegenerateLagrangianError, match="sode"):
+        tgi.rollout(L.sode(), torch.randn(2, 2), torch.randn(2, 2), h=0.1, steps=2, method="sode_midpoint")

@@ -427,7 +427,13 @@ class Lagrangian(System):
                 mixed = torch.zeros_like(vv) if mixed is None else mixed
                 W = batch_jacobian(Lv, vv, keep)
                 rhs = Lq if keep else Lq.detach()
-            return torch.linalg.solve(W, (rhs - mixed).unsqueeze(-1)).squeeze(-1)
+            try:
+                return torch.linalg.solve(W, (rhs - mixed).unsqueeze(-1)).squeeze(-1)
+            except torch.linalg.LinAlgError as err:     # (the variational steps name it so)
+                raise DegenerateLagrangianError(
+                    "the Lagrangian is degenerate: its velocity Hessian ∂²L/∂v², which .sode() "
+                    f"solves for the accelerations, is singular ({err}); a degenerate L has no "
+                    "second-order equations") from None
 
         return SecondOrderSystem(force, None, velocity_dependent=True,
                                  energy=lambda q, v, t=0.0: self.lagrangian_energy(q, v))

@@ -124,6 +124,11 @@ def check_like(out, x: Tensor, label: str, fn=None) -> Tensor:
         what = _what(label, fn)
         raise ValueError(f"{what} returned shape {tuple(out.shape)} for an input of shape "
                          f"{tuple(x.shape)}: it must return the shape of its input")
+    if out.dtype != x.dtype and torch.promote_types(out.dtype, x.dtype) != x.dtype:
+        # (a wider dtype promoted the states, or failed inside an implicit solve; a narrower
+        # one, as under autocast, is the input's once added to it)
+        raise TypeError(f"{_what(label, fn)} returned {out.dtype} for an input of {x.dtype}: it "
+                        "must return its input's dtype")
     return out
 
 
