@@ -367,3 +367,14 @@ def test_another_family_of_method_on_a_lie_system_is_named():
                       "not by variable steps")):
         with pytest.raises(ValueError, match=f"FreeRigidBody is stepped by a Lie-group method .*{what}"):
             tgi.rollout(fb, g0, mu0, h=0.1, steps=3, **kw)
+
+
+def test_a_lie_hamiltonian_of_the_wrong_shape_is_refused_in_the_rollout_too():
+    """A per-coordinate or keepdim H(g, μ) rolled out (its gradient sums it); only energy()
+    refused it, though the errors table said it was refused."""
+    I = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    g0 = torch.eye(3, dtype=torch.float64).expand(2, 3, 3).clone()
+    mu0 = torch.randn(2, 3, dtype=torch.float64)
+    for H in (lambda g, mu: 0.5 * (mu * mu / I).sum(-1, keepdim=True), lambda g, mu: 0.5 * mu * mu / I):
+        with pytest.raises(ValueError, match="the Hamiltonian .* must return one value per sample"):
+            tgi.rollout(tgi.manifolds.LieHamiltonian(H), g0, mu0, h=0.1, steps=2, method="lie_midpoint_cayley")

@@ -61,7 +61,9 @@ class LieGroupSystem(System):
 
     def gradients(self, g, mu, t=0.0) -> tuple[Tensor, Tensor]:
         """(f, ξ) = (L_g*∂H/∂g, ∂H/∂μ) by autograd of H on the ambient entries of g."""
-        G, xi = grad_of(lambda g_, m_: self.hamiltonian(g_, m_, t), (g, mu))
+        # (the user's H checked for one value per sample, as energy() does)
+        G, xi = grad_of(lambda g_, m_: self.hamiltonian(g_, m_, t), (g, mu), "the Hamiltonian",
+                        getattr(self, "fn", None))
         return self.group.left_grad(g, G), xi
 
     def vector_field(self, g, mu, t=0.0):
