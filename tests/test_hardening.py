@@ -407,3 +407,19 @@ def test_a_wider_gradient_dtype_and_a_degenerate_sode_are_named():
     L = tgi.Lagrangian(lambda q, v: v[..., 0] - (q * q).sum(-1))      # linear in v: degenerate
     with pytest.raises(tgi.DegenerateLagrangianError, match="sode"):
         tgi.rollout(L.sode(), torch.randn(2, 2), torch.randn(2, 2), h=0.1, steps=2, method="sode_midpoint")
+
+
+def test_dense_output_nodes_and_trajectory_fit_loss_misuse_are_named():
+    """dense_output given nodes of another batch failed in a reshape; tf.loss(index) (fit's
+    loss_fn called on an instance) failed with "'Tensor' object is not callable"."""
+    H = tgi.SeparableHamiltonian(lambda p: (p * p).sum(-1) / 2, lambda q: (q * q).sum(-1) / 2)
+    t = torch.linspace(0, 1, 5)[:, None].expand(5, 3)
+    q = torch.randn(5, 3, 2)
+    with pytest.raises(ValueError, match=r"q_nodes must have shape \(L, \*batch, \.\.\.\)"):
+        tgi.dense_output(H, t, q[:, :2], q, torch.tensor([0.5]))
+    model = tgi.nn.SeparableHNN(1, width=8)
+    data = torch.randn(4, 5, 1).cumsum(1) * 0.1
+    tf = tgi.nn.TrajectoryFit(model, data, data, dt=0.1)
+    with pytest.raises(TypeError, match=r"call tf\(index\)"):
+        tf.loss(torch.arange(2))
+    assert torch.isfinite(tf.loss(tf, torch.arange(2)))

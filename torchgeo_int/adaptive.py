@@ -270,6 +270,11 @@ def dense_output(system, t_nodes, q_nodes, p_nodes, times):
     (n, *batch, *state).  A time outside a sample's integrated interval raises ValueError."""
     L = t_nodes.shape[0]
     batch = t_nodes.shape[1:]
+    for x, name in ((q_nodes, "q_nodes"), (p_nodes, "p_nodes")):
+        # (nodes of another trajectory or batch failed in a reshape below)
+        if x is not None and tuple(x.shape[:1 + len(batch)]) != (L, *batch):
+            raise ValueError(f"{name} must have shape (L, *batch, ...) = ({L}, {tuple(batch)}, ...) "
+                             f"as t_nodes {tuple(t_nodes.shape)}, got {tuple(x.shape)}")
     if not isinstance(times, torch.Tensor):
         times = torch.as_tensor(times, dtype=t_nodes.dtype, device=t_nodes.device)
     times = times.to(t_nodes.dtype)
