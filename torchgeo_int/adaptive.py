@@ -79,7 +79,6 @@ import torch
 from ._validate import (broadcasts_to, check_finite, check_int, check_nonzero, check_own_methods,
                         check_pair, check_placement, check_real, check_scalar)
 from .integrators import METHODS, TABLES, Composition, get_method
-from .integrators.registry import STATES, family_of
 from .gradients import SegmentFunction, check_reconstruction, reverse_sweep
 from .integrators.base import explicit_splitting
 from .solvers import ConvergenceError, default_tol, first_order_only
@@ -632,14 +631,14 @@ def adaptive_rollout(system, q0: Tensor, p0: Tensor, *, eps: float, control: Ste
             f"symmetric (its −h step does not invert it), so the variable-step map would not be "
             f"time-reversible")
     batch = _check_state(system, q0, p0, state_dims)
-    family = family_of(integrator.name) if isinstance(getattr(integrator, "name", None), str) else None
-    if family in ("sode", "variational", "forced", "constrained", "lie"):
+    bound = [m for m, _ in integrator.stages() if not getattr(m, "field_only", True)]
+    if bound:
         # their steps read the system's own structure (a Lagrangian, a force, multipliers, a
         # group), which the rescaled field s·f of variable steps does not have
         raise ValueError(f"reversible variable steps (step_control) rescale the system's vector "
-                         f"field, which {integrator.name!r} (a {family} method: {STATES[family]}) "
-                         "does not step: use a Hamiltonian method (verlet, yoshida4, "
-                         "implicit_midpoint, …) or fixed steps")
+                         f"field, which {integrator.name!r} (its stage {bound[0].name!r}, a "
+                         f"{type(bound[0]).__name__}) does not step: use a Hamiltonian method "
+                         "(verlet, yoshida4, implicit_midpoint, …) or fixed steps")
     eps = check_nonzero(eps, "eps", "fictive step")
     if (steps is None) == (until is None):
         raise ValueError("pass exactly one of steps= (a number of steps) and until= (an end time)")

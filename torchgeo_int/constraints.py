@@ -213,6 +213,8 @@ class Rattle(_ConstrainedBase, ImplicitIntegrator):
     """RATTLE for a :class:`ConstrainedSystem` (module docstring): order 2, symmetric, symplectic
     on T*N.  ``tol``, ``max_iter``, ``backward`` go to the Newton solve of the multiplier ν."""
 
+    field_only = False   # (its steps read the system itself: no variable steps)
+
     name, order, symmetric = "rattle", 2, True
 
     def __init__(self, *, tol: float | None = None, max_iter: int | None = None,

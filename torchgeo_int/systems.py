@@ -55,11 +55,13 @@ def takes_time(fn: Callable, n_state_args: int, *, defaults_count: bool = False)
 def _check_arity(fn: Callable, n: int, form: str) -> None:
     """A field that cannot take n positional arguments is refused when the system is built
     (it failed at the first step, with Python's arity message)."""
+    own_call = isinstance(fn, nn.Module) and type(fn).__call__ is nn.Module.__call__
     try:
-        sig = inspect.signature(fn.forward if isinstance(fn, nn.Module) else fn)
-        sig.bind(*range(n))
-    except ValueError:      # no signature to read (a builtin): taken as it is
+        sig = inspect.signature(fn.forward if own_call else fn)
+    except (TypeError, ValueError):      # no signature to read (a builtin): taken as it is
         return
+    try:
+        sig.bind(*range(n))
     except TypeError:
         raise TypeError(f"the field {_fn_name(fn)} must be callable as {form} ({n} positional "
                         f"arguments), got the signature {sig}") from None
@@ -115,16 +117,18 @@ def check_energy(out, batch_of: Tensor, label: str = "the energy function", fn=N
     return out
 
 
-def check_like(out, x: Tensor, label: str, fn=None) -> Tensor:
+def check_like(out, x: Tensor, label: str, fn=None, *, dtype: bool = False) -> Tensor:
     """A user function's output that must have the shape of its input ``x`` (a velocity, a
-    force, a field component): broadcasting would integrate another system silently."""
+    force, a field component): broadcasting would integrate another system silently.
+    ``dtype``: a wider dtype than the input's is refused too (a closed-form gradient; a vector
+    field keeps torchdiffeq's leniency)."""
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"{_what(label, fn)} must return a tensor, got {type(out).__name__}")
     if out.shape != x.shape:
         what = _what(label, fn)
         raise ValueError(f"{what} returned shape {tuple(out.shape)} for an input of shape "
                          f"{tuple(x.shape)}: it must return the shape of its input")
-    if out.dtype != x.dtype and torch.promote_types(out.dtype, x.dtype) != x.dtype:
+    if dtype and out.dtype != x.dtype and torch.promote_types(out.dtype, x.dtype) != x.dtype:
         # (a wider dtype promoted the states, or failed inside an implicit solve; a narrower
         # one, as under autocast, is the input's once added to it)
         raise TypeError(f"{_what(label, fn)} returned {out.dtype} for an input of {x.dtype}: it "
@@ -142,7 +146,7 @@ def _checked_once(fn: Callable[[Tensor], Tensor], label: str) -> Callable[[Tenso
         nonlocal checked
         out = fn(x)
         if not checked:
-            check_like(out, x, label, fn)
+            check_like(out, x, label, fn, dtype=True)
             checked = True
         return out
     return call
@@ -298,8 +302,8 @@ class Hamiltonian(System):
             if not (isinstance(out, (tuple, list)) and len(out) == 2):
                 raise TypeError(f"{_what('the grad', self._grad)} must return a pair "
                                 "(dH/dq, dH/dp)")
-            return (check_like(out[0], q, "dH/dq of the grad", self._grad),
-                    check_like(out[1], p, "dH/dp of the grad", self._grad))
+            return (check_like(out[0], q, "dH/dq of the grad", self._grad, dtype=True),
+                    check_like(out[1], p, "dH/dp of the grad", self._grad, dtype=True))
         return grad_of(lambda q_, p_: self.energy(q_, p_, t), (q, p), "the Hamiltonian",
                        self._user_fn())
 
@@ -359,7 +363,7 @@ class SeparableHamiltonian(Hamiltonian):
     def velocity(self, p, t=0.0):
         if self.kinetic_grad is not None:
             v = self.kinetic_grad(p, t) if self._T_td else self.kinetic_grad(p)
-            return check_like(v, p, "kinetic_grad", self.kinetic_grad)
+            return check_like(v, p, "kinetic_grad", self.kinetic_grad, dtype=True)
         if not self._T_td and _closed_form(self.kinetic, p):
             return self.kinetic.input_grad(p)
         return grad_of(lambda p_: self._T(p_, t), (p,), "the kinetic energy", self.kinetic)[0]
@@ -368,7 +372,7 @@ class SeparableHamiltonian(Hamiltonian):
         """∂V/∂q (override this, not ``force``, to give it another way)."""
         if self.potential_grad is not None:
             f = self.potential_grad(q, t) if self._V_td else self.potential_grad(q)
-            return check_like(f, q, "potential_grad", self.potential_grad)
+            return check_like(f, q, "potential_grad", self.potential_grad, dtype=True)
         if not self._V_td and _closed_form(self.potential, q):
             return self.potential.input_grad(q)
         return grad_of(lambda q_: self._V(q_, t), (q,), "the potential", self.potential)[0]

@@ -33,6 +33,10 @@ class Integrator:
     #: method, Φ*_h⁻¹ otherwise — so ``grad="reversible"`` (which also requires symmetry) can
     #: reconstruct states by stepping back: cotangent-lift steps.
     steps_backward: bool = False
+    #: Whether the step reads only the system's vector field, so that variable steps
+    #: (``step_control``) may step a rescaled field s·f through it; False for methods that read
+    #: a system's own structure (a Lagrangian, a force, multipliers, a group).
+    field_only: bool = True
     #: The discretization map on the space of the state q (x for first-order methods), if the
     #: method is built from one: a map on a bundle then needs q of even last dim (rollout checks).
     state_map = None

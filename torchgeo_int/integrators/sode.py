@@ -167,6 +167,8 @@ class SODEIntegrator(ImplicitIntegrator):
     ``max_iter``, ``backward`` go to :func:`torchgeo_int.newton`.
     """
 
+    field_only = False   # (its steps read the system itself: no variable steps)
+
     def __init__(self, R, *, equation: int = 11, order: int | None = None,
                  symmetric: bool | None = None, symplectic: bool = False, tol: float | None = None,
                  max_iter: int | None = None, backward: str = "implicit", name: str | None = None,
@@ -373,6 +375,8 @@ class DiscreteSODE(ImplicitIntegrator):
     sequence twice, shifted; t is the time of the first component.  :meth:`start` gives q₁ from
     (q₀, v₀); :meth:`velocity` recovers v_k.
     """
+
+    field_only = False   # (its steps read the system itself: no variable steps)
 
     def __init__(self, R: DiscretizationMap, *, tol=None, max_iter=None, backward="implicit",
                  name=None):

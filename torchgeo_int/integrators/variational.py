@@ -85,6 +85,8 @@ class VariationalIntegrator(ImplicitIntegrator):
     ``tol``, ``max_iter``, ``backward`` go to the Newton solver (implicit IFT gradients by default).
     """
 
+    field_only = False   # (its steps read the system itself: no variable steps)
+
     symplectic = True
     #: a subclass that changes only the discrete equations (``_equations``/``step``: forced,
     #: constrained) names itself here; it prefixes the default name and the key, and the
@@ -182,6 +184,8 @@ class DiscreteEulerLagrange(ImplicitIntegrator):
     (q, q_next, cache)``, t the time of q_{k−1}; ``rollout(L, q0, q1, method=...)`` works.
     :meth:`start` gives q₁ from (q₀, p₀), :meth:`momentum` recovers p_k.
     """
+
+    field_only = False   # (its steps read the system itself: no variable steps)
 
     symplectic = True
 

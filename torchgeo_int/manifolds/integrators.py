@@ -70,6 +70,8 @@ class LieGroupIntegrator(ImplicitIntegrator):
     symmetric H.  Reference: Barbero-Liñán, Marrero & Martín de Diego, arXiv:2401.14800.
     """
 
+    field_only = False   # (its steps read the system itself: no variable steps)
+
     symplectic = True
 
     def __init__(self, tau: str = "cayley", alpha: float = 0.5, *, solver: str = "fixed_point",
@@ -314,6 +316,8 @@ class Rattle(Integrator):
     constraints hold to round-off at every step (no drift).  Order 2, symmetric, symplectic on
     T*Sⁿ; FSAL (one force per step).  Reference: Andersen, J. Comput. Phys. 52 (1983); HLW VII.1.4.
     """
+
+    field_only = False   # (its steps read the system itself: no variable steps)
 
     name, order, symplectic, symmetric = "rattle", 2, True, True
 

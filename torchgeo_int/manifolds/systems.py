@@ -102,6 +102,11 @@ class LieHamiltonian(LieGroupSystem):
         return super().gradients(g, mu, t)
 
 
+def _number(x):
+    """A 0-d tensor's value (the tops take numbers; float() took 0-d tensors before the checks)."""
+    return x.item() if isinstance(x, torch.Tensor) and x.dim() == 0 else x
+
+
 def _as_inertia(inertia, dim):
     I = torch.as_tensor(inertia, dtype=torch.get_default_dtype()) \
         if not isinstance(inertia, torch.Tensor) else inertia
@@ -201,6 +206,7 @@ class HeavyTop(RigidBody):
     """
 
     def __init__(self, inertia, *, mass: float = 1.0, gravity: float = 1.0, com=(0.0, 0.0, 1.0)):
+        mass, gravity = _number(mass), _number(gravity)
         check_real(mass, "mass", 0.0, lo_open=True)
         check_real(gravity, "gravity", 0.0)
         self.mgl = float(mass) * float(gravity)
@@ -244,6 +250,7 @@ class SpringTop(RigidBody):
         I = _as_inertia(inertia, 3)
         if I.dim() == 2 and not bool(torch.allclose(I, torch.diag(torch.diagonal(I)))):
             raise ValueError("SpringTop takes principal moments (a diagonal inertia)")
+        mass, gravity, stiffness = _number(mass), _number(gravity), _number(stiffness)
         check_real(mass, "mass", 0.0, lo_open=True)
         check_real(gravity, "gravity", 0.0)
         check_real(stiffness, "stiffness", 0.0)

@@ -161,7 +161,7 @@ def _control_set(model, control, leave=None):
         return
     if not isinstance(model, ForcedSystem):
         raise TypeError(f"a control needs a ForcedSystem model, got {type(model).__name__}")
-    before = model.control
+    before = getattr(model, "control", None)
     model.control = control
     try:
         yield

@@ -319,7 +319,7 @@ class TrajectoryFit(nn.Module):
     @staticmethod
     def loss(fit_module: "TrajectoryFit", index: Tensor | None = None) -> Tensor:
         """``loss_fn`` for :func:`~torchgeo_int.nn.fit`: ``fit_module(index)``."""
-        if not isinstance(fit_module, TrajectoryFit):
+        if isinstance(fit_module, torch.Tensor):     # (a wrapped module — DDP, compile — is fine)
             raise TypeError(f"TrajectoryFit.loss(fit_module, index) is fit's loss_fn (fit(tf, "
                             f"tf.loss, …)); called on an instance, tf.loss(index) passes "
                             f"{type(fit_module).__name__} as the module: call tf(index)")
