@@ -165,8 +165,9 @@ def _check_state(q, v, names=("q", "v")):
 def _check_time_first(force) -> None:
     """force(t, q[, v]) takes t first: a force written force(q, v) (the order of ForcedSystem's
     F(q, z)) was read as force(t=q, q=v) and integrated another system without an error."""
+    own_call = isinstance(force, torch.nn.Module) and type(force).__call__ is torch.nn.Module.__call__
     try:
-        sig = inspect.signature(force.forward if isinstance(force, torch.nn.Module) else force)
+        sig = inspect.signature(force.forward if own_call else force)
     except (TypeError, ValueError):
         return
     first = next((p.name for p in sig.parameters.values()
