@@ -204,6 +204,7 @@ def _rank_guard(system, q, G, fn):
 
 class _ConstrainedBase(Integrator):
     symplectic = True
+    field_only = False   # (its steps read the system itself: no variable steps)
 
     def check_state(self, system, q, p):
         _constrained(system).check_state(q, p)
@@ -212,8 +213,6 @@ class _ConstrainedBase(Integrator):
 class Rattle(_ConstrainedBase, ImplicitIntegrator):
     """RATTLE for a :class:`ConstrainedSystem` (module docstring): order 2, symmetric, symplectic
     on T*N.  ``tol``, ``max_iter``, ``backward`` go to the Newton solve of the multiplier ν."""
-
-    field_only = False   # (its steps read the system itself: no variable steps)
 
     name, order, symmetric = "rattle", 2, True
 

@@ -19,7 +19,6 @@ discrete Lagrangian generates (``ComposedDiscreteLagrangian.generate``) is their
 """
 from __future__ import annotations
 
-import inspect
 import math
 import numbers
 from typing import Callable, Sequence
@@ -30,7 +29,7 @@ from ._autograd import batch_jacobian, grad_inputs, reaches_other_leaves
 from ._validate import check_pair, find_singular, singular_threshold
 from .maps import AlphaMap, DiscretizationMap
 from .solvers import ConvergenceError, newton
-from .systems import SeparableHamiltonian, System, check_energy, takes_time, grad_of
+from .systems import SeparableHamiltonian, System, call_signature, check_energy, takes_time, grad_of
 
 Tensor = torch.Tensor
 
@@ -165,10 +164,8 @@ def _check_state(q, v, names=("q", "v")):
 def _check_time_first(force) -> None:
     """force(t, q[, v]) takes t first: a force written force(q, v) (the order of ForcedSystem's
     F(q, z)) was read as force(t=q, q=v) and integrated another system without an error."""
-    own_call = isinstance(force, torch.nn.Module) and type(force).__call__ is torch.nn.Module.__call__
-    try:
-        sig = inspect.signature(force.forward if own_call else force)
-    except (TypeError, ValueError):
+    sig = call_signature(force)
+    if sig is None:
         return
     first = next((p.name for p in sig.parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)), None)

@@ -52,13 +52,21 @@ def takes_time(fn: Callable, n_state_args: int, *, defaults_count: bool = False)
     return defaults_count or nxt.default is nxt.empty or nxt.name in TIME_NAMES
 
 
+def call_signature(fn: Callable) -> inspect.Signature | None:
+    """The signature ``fn`` is called with: a module's ``forward`` unless its class defines its
+    own ``__call__``; None where there is none to read (a builtin)."""
+    own_call = isinstance(fn, nn.Module) and type(fn).__call__ is nn.Module.__call__
+    try:
+        return inspect.signature(fn.forward if own_call else fn)
+    except (TypeError, ValueError):
+        return None
+
+
 def _check_arity(fn: Callable, n: int, form: str) -> None:
     """A field that cannot take n positional arguments is refused when the system is built
     (it failed at the first step, with Python's arity message)."""
-    own_call = isinstance(fn, nn.Module) and type(fn).__call__ is nn.Module.__call__
-    try:
-        sig = inspect.signature(fn.forward if own_call else fn)
-    except (TypeError, ValueError):      # no signature to read (a builtin): taken as it is
+    sig = call_signature(fn)
+    if sig is None:      # (taken as it is)
         return
     try:
         sig.bind(*range(n))

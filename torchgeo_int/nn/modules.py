@@ -325,8 +325,9 @@ class ScalarMLP(nn.Module):
     is a module, in eval mode).  ∂f/∂x is in closed form where φ gives its vector–Jacobian
     product, ``φ.input_vjp(x, g) = J_φ(x)ᵀ g`` (as :class:`PairDistances` does): J_φ(x)ᵀ ∇MLP(φ(x)),
     plain tensor operations; else autograd's (``closed_form_grad`` is False).  A φ with
-    parameters is a module, or a module's bound method (its module is then registered here too); a function that closes over a module hides its parameters from the
-    model (they are not trained, saved or converted)."""
+    parameters is a module, or a module's bound method (its module is then registered here
+    too); a function that closes over a module hides its parameters from the model (they are
+    not trained, saved or converted)."""
 
     def __init__(self, dim: int, *, features: Callable[[Tensor], Tensor] | None = None, **mlp_options):
         super().__init__()
@@ -368,9 +369,7 @@ class ScalarMLP(nn.Module):
         """∂f/∂x, shape ``x.shape`` (closed form; see :meth:`MLP.input_grad`); with features
         that have ``input_vjp``, J_φ(x)ᵀ ∇MLP(φ(x))."""
         self._no_features("input_grad")
-        if self.features is None:
-            return self.net.input_grad(x)
-        return _chain(self.features, self.net, x, self.dim)
+        return _input_grad(self.features, self.net, x, self.dim)
 
     def input_grad_hessian(self, x):
         """(∂f/∂x, ∂²f/∂x²) in closed form (see :meth:`MLP.input_grad_hessian`)."""
@@ -449,9 +448,11 @@ def _vjp_of(features) -> bool:
     return _own_pair(type(features), "__call__", "input_vjp")
 
 
-def _chain(features, net, x: Tensor, dim: int) -> Tensor:
-    """∂/∂x of net(φ(x)) = J_φ(x)ᵀ ∇net(φ(x)): the network's closed-form gradient at the
-    features, pulled back by φ's own ``input_vjp``."""
+def _input_grad(features, net, x: Tensor, dim: int) -> Tensor:
+    """∂/∂x of net(x), or of net(φ(x)) = J_φ(x)ᵀ ∇net(φ(x)): the network's closed-form gradient
+    (at the features, pulled back by φ's own ``input_vjp``)."""
+    if features is None:
+        return net.input_grad(x)
     if x.shape[-1:] != (dim,):
         raise ValueError(f"this network takes inputs of shape (..., {dim}) (its features' "
                          f"argument), got shape {tuple(x.shape)}")
@@ -534,9 +535,7 @@ class HNN(Hamiltonian):
                 or q.is_complex() or p.is_complex()):
             return super().gradients(q, p, t)       # autograd's (and its errors)
         _check_state(q, p, self.dim)
-        x = torch.cat([q, p], -1)
-        g = (self.net.input_grad(x) if self.features is None
-             else _chain(self.features, self.net, x, 2 * self.dim))
+        g = _input_grad(self.features, self.net, torch.cat([q, p], -1), 2 * self.dim)
         return g[..., :self.dim], g[..., self.dim:]
 
 
